@@ -1,0 +1,521 @@
+#include "allocator.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <iomanip>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/Exception.h>
+
+#include "device.h"
+#include "stream.h"
+
+namespace npu {
+
+namespace {
+
+constexpr std::size_t kMinBlockSize = 512;        // every size is rounded up to this
+constexpr std::size_t kSmallSize = 1 << 20;       // requests up to 1 MiB use the small pool
+constexpr std::size_t kSmallSegment = 2 << 20;    // small pool grows by 2 MiB segments
+constexpr std::size_t kLargeSegment = 20 << 20;   // requests under 10 MiB share 20 MiB segments
+constexpr std::size_t kMinLargeAlloc = 10 << 20;
+constexpr std::size_t kLargeRounding = 2 << 20;   // larger requests get their own, rounded
+
+std::size_t roundUp(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+enum PoolIndex { kAllPools = 0, kSmallPool = 1, kLargePool = 2 };
+using StatArray = std::array<MemoryStat, 3>;
+
+void updateStat(StatArray& stat, bool small, int64_t delta) {
+  for (int index : {static_cast<int>(kAllPools), small ? static_cast<int>(kSmallPool) : static_cast<int>(kLargePool)}) {
+    auto& s = stat[index];
+    s.current += delta;
+    if (delta > 0) s.allocated += delta; else s.freed -= delta;
+    s.peak = std::max(s.peak, s.current);
+  }
+}
+
+struct DeviceStats {
+  StatArray allocation, segment, active, inactive_split;
+  StatArray allocated_bytes, reserved_bytes, active_bytes, inactive_split_bytes, requested_bytes;
+  int64_t num_alloc_retries = 0;
+  int64_t num_ooms = 0;
+  int64_t num_device_alloc = 0;
+  int64_t num_device_free = 0;
+  int64_t num_sync_all_streams = 0;
+
+  // name -> stat, in the order torch.cuda.memory_stats() lists them
+  std::vector<std::pair<const char*, StatArray*>> arrays() {
+    return {{"active", &active},
+            {"active_bytes", &active_bytes},
+            {"allocated_bytes", &allocated_bytes},
+            {"allocation", &allocation},
+            {"inactive_split", &inactive_split},
+            {"inactive_split_bytes", &inactive_split_bytes},
+            {"requested_bytes", &requested_bytes},
+            {"reserved_bytes", &reserved_bytes},
+            {"segment", &segment}};
+  }
+};
+
+struct Block {
+  char* ptr;
+  std::size_t size;
+  std::size_t requested = 0;
+  int64_t stream;  // the stream whose work may use the block without waiting
+  bool small;
+  bool allocated = false;
+  int pending_events = 0;  // record_stream uses still running
+  Block* prev = nullptr;   // neighbours inside the same segment
+  Block* next = nullptr;
+  std::vector<int64_t> stream_uses;
+
+  Block(char* p, std::size_t s, int64_t st, bool sm) : ptr(p), size(s), stream(st), small(sm) {}
+  bool isSplit() const { return prev != nullptr || next != nullptr; }
+  bool isFree() const { return !allocated && pending_events == 0; }
+};
+
+struct BlockOrder {
+  bool operator()(const Block* a, const Block* b) const {
+    return std::tie(a->stream, a->size, a->ptr) < std::tie(b->stream, b->size, b->ptr);
+  }
+};
+using Pool = std::set<Block*, BlockOrder>;
+
+class DeviceCache {
+ public:
+  explicit DeviceCache(c10::DeviceIndex device) : device_(device) {}
+
+  // nullptr when the device is out of memory even after freeing the cache.
+  Block* allocate(std::size_t requested, int64_t stream, std::unique_lock<std::mutex>& lock) {
+    processPendingEvents();
+    const std::size_t size = roundUp(std::max(requested, std::size_t(1)), kMinBlockSize);
+    const bool small = size <= kSmallSize;
+    Pool& pool = small ? small_ : large_;
+
+    Block* block = takeBestFit(pool, size, stream);
+    if (block == nullptr) {
+      const std::size_t segment_size =
+          small ? kSmallSegment : (size < kMinLargeAlloc ? kLargeSegment : roundUp(size, kLargeRounding));
+      void* memory = rt().allocate(segment_size);
+      if (memory == nullptr) {
+        // Out of device memory: wait for pending frees, give the cache back, retry.
+        stats_.num_alloc_retries++;
+        lock.unlock();
+        synchronizeDevice(device_);
+        lock.lock();
+        processPendingEvents();
+        block = takeBestFit(pool, size, stream);
+        if (block == nullptr) {
+          releaseCachedSegments();
+          memory = rt().allocate(segment_size);
+        }
+      }
+      if (block == nullptr) {
+        if (memory == nullptr) {
+          stats_.num_ooms++;
+          return nullptr;
+        }
+        block = new Block(static_cast<char*>(memory), segment_size, stream, small);
+        stats_.num_device_alloc++;
+        updateStat(stats_.segment, small, 1);
+        updateStat(stats_.reserved_bytes, small, static_cast<int64_t>(segment_size));
+      }
+    }
+    splitIfWorthIt(block, size);
+    block->allocated = true;
+    block->requested = requested;
+    updateStat(stats_.allocation, small, 1);
+    updateStat(stats_.allocated_bytes, small, static_cast<int64_t>(block->size));
+    updateStat(stats_.requested_bytes, small, static_cast<int64_t>(requested));
+    updateStat(stats_.active, small, 1);
+    updateStat(stats_.active_bytes, small, static_cast<int64_t>(block->size));
+    return block;
+  }
+
+  void free(Block* block) {
+    block->allocated = false;
+    updateStat(stats_.allocation, block->small, -1);
+    updateStat(stats_.allocated_bytes, block->small, -static_cast<int64_t>(block->size));
+    updateStat(stats_.requested_bytes, block->small, -static_cast<int64_t>(block->requested));
+    if (block->stream_uses.empty()) {
+      returnToPool(block);
+      return;
+    }
+    // Other streams may still read it: reuse only after their work so far ran.
+    for (int64_t stream_id : block->stream_uses) {
+      auto event = rt().createEvent(false);
+      event->record(rt().stream(stream_id));
+      pending_.emplace_back(std::move(event), block);
+      block->pending_events++;
+    }
+    block->stream_uses.clear();
+  }
+
+  void emptyCache() {
+    processPendingEvents();
+    releaseCachedSegments();
+  }
+
+  void recordStream(Block* block, int64_t stream) {
+    if (stream == block->stream) return;
+    auto& uses = block->stream_uses;
+    if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
+  }
+
+  DeviceStats& stats() { return stats_; }
+  c10::DeviceIndex device() const { return device_; }
+
+ private:
+  runtime::Device& rt() { return runtime::hal().device(device_); }
+
+  Block* takeBestFit(Pool& pool, std::size_t size, int64_t stream) {
+    Block key(nullptr, size, stream, false);
+    auto it = pool.lower_bound(&key);
+    if (it == pool.end() || (*it)->stream != stream) return nullptr;
+    Block* block = *it;
+    removeFromPool(block);
+    return block;
+  }
+
+  void splitIfWorthIt(Block* block, std::size_t size) {
+    const std::size_t remaining = block->size - size;
+    const bool worth = block->small ? remaining >= kMinBlockSize : remaining > kSmallSize;
+    if (!worth) return;
+    auto* rest = new Block(block->ptr + size, remaining, block->stream, block->small);
+    rest->prev = block;
+    rest->next = block->next;
+    if (block->next != nullptr) block->next->prev = rest;
+    block->next = rest;
+    block->size = size;
+    insertIntoPool(rest);
+  }
+
+  Pool& poolOf(Block* block) { return block->small ? small_ : large_; }
+
+  void insertIntoPool(Block* block) {
+    poolOf(block).insert(block);
+    if (block->isSplit()) {
+      updateStat(stats_.inactive_split, block->small, 1);
+      updateStat(stats_.inactive_split_bytes, block->small, static_cast<int64_t>(block->size));
+    }
+  }
+
+  void removeFromPool(Block* block) {
+    poolOf(block).erase(block);
+    if (block->isSplit()) {
+      updateStat(stats_.inactive_split, block->small, -1);
+      updateStat(stats_.inactive_split_bytes, block->small, -static_cast<int64_t>(block->size));
+    }
+  }
+
+  void returnToPool(Block* block) {
+    updateStat(stats_.active, block->small, -1);
+    updateStat(stats_.active_bytes, block->small, -static_cast<int64_t>(block->size));
+    mergeNeighbour(block, block->prev);
+    mergeNeighbour(block, block->next);
+    insertIntoPool(block);
+  }
+
+  void mergeNeighbour(Block* block, Block* neighbour) {
+    if (neighbour == nullptr || !neighbour->isFree()) return;
+    removeFromPool(neighbour);
+    if (neighbour == block->prev) {
+      block->ptr = neighbour->ptr;
+      block->prev = neighbour->prev;
+      if (block->prev != nullptr) block->prev->next = block;
+    } else {
+      block->next = neighbour->next;
+      if (block->next != nullptr) block->next->prev = block;
+    }
+    block->size += neighbour->size;
+    delete neighbour;
+  }
+
+  void processPendingEvents() {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (!it->first->query()) {
+        ++it;
+        continue;
+      }
+      Block* block = it->second;
+      it = pending_.erase(it);
+      if (--block->pending_events == 0) returnToPool(block);
+    }
+  }
+
+  // Gives whole free segments back to the device (split ones stay: in use).
+  void releaseCachedSegments() {
+    for (Pool* pool : {&small_, &large_}) {
+      for (auto it = pool->begin(); it != pool->end();) {
+        Block* block = *it;
+        if (block->isSplit()) {
+          ++it;
+          continue;
+        }
+        it = pool->erase(it);
+        rt().free(block->ptr);
+        stats_.num_device_free++;
+        updateStat(stats_.segment, block->small, -1);
+        updateStat(stats_.reserved_bytes, block->small, -static_cast<int64_t>(block->size));
+        delete block;
+      }
+    }
+  }
+
+  const c10::DeviceIndex device_;
+  Pool small_;
+  Pool large_;
+  DeviceStats stats_;
+  std::vector<std::pair<std::unique_ptr<runtime::Event>, Block*>> pending_;
+};
+
+std::string formatBytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (std::abs(value) >= 1024 && unit < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  std::ostringstream out;
+  if (unit == 0) out << bytes << " B";
+  else out << std::fixed << std::setprecision(2) << value << " " << units[unit];
+  return out.str();
+}
+
+class CachingAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(std::size_t n) override {
+    const auto device = currentDevice();
+    if (n == 0) return c10::DataPtr(nullptr, c10::Device(kNPU, device));
+    const int64_t stream = currentStream(device).id();
+    std::unique_lock<std::mutex> lock(mutex_);
+    auto& cache = deviceCache(device);
+    Block* block = cache.allocate(n, stream, lock);
+    if (block == nullptr) {
+      const std::string summary = summaryLocked(device);
+      std::size_t free_bytes = 0, total_bytes = 0;
+      runtime::hal().device(device).memoryInfo(&free_bytes, &total_bytes);
+      const auto& stats = cache.stats();
+      lock.unlock();
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "NPU out of memory on npu:", static_cast<int>(device),
+                       ". Tried to allocate ", formatBytes(static_cast<int64_t>(n)), "; the device has ",
+                       formatBytes(static_cast<int64_t>(total_bytes)), " in all, ",
+                       formatBytes(static_cast<int64_t>(free_bytes)), " free, ",
+                       formatBytes(stats.allocated_bytes[kAllPools].current), " allocated by tensors and ",
+                       formatBytes(stats.reserved_bytes[kAllPools].current -
+                                   stats.allocated_bytes[kAllPools].current),
+                       " cached. Free tensors you no longer need (del x), call torch.npu.empty_cache(), "
+                       "use smaller batches, or give the emulator more memory with NPU_EMU_MEMORY.\n",
+                       summary);
+    }
+    allocated_.emplace(block->ptr, std::make_pair(block, device));
+    return c10::DataPtr(block->ptr, block->ptr, &deleteBlock, c10::Device(kNPU, device));
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &deleteBlock; }
+
+  void copy_data(void* dst, const void* src, std::size_t count) const override {
+    auto& stream = currentRuntimeStream(currentDevice());
+    stream.copy(dst, src, count, runtime::CopyKind::DeviceToDevice);
+  }
+
+  void free(void* ptr) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = allocated_.find(ptr);
+    TORCH_INTERNAL_ASSERT(it != allocated_.end(), "npu allocator: free of an unknown pointer");
+    auto [block, device] = it->second;
+    allocated_.erase(it);
+    deviceCache(device).free(block);
+  }
+
+  void emptyCache() {
+    for (c10::DeviceIndex d = 0; d < deviceCount(); ++d) {
+      synchronizeDevice(d);  // cached blocks may still be read by queued kernels
+      std::lock_guard<std::mutex> lock(mutex_);
+      deviceCache(d).emptyCache();
+    }
+  }
+
+  std::map<std::string, int64_t> stats(c10::DeviceIndex device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return statsLocked(device);
+  }
+
+  void resetPeak(c10::DeviceIndex device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [name, array] : deviceCache(device).stats().arrays()) {
+      for (auto& s : *array) s.peak = s.current;
+    }
+  }
+
+  void resetAccumulated(c10::DeviceIndex device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& stats = deviceCache(device).stats();
+    for (auto& [name, array] : stats.arrays()) {
+      for (auto& s : *array) s.allocated = s.freed = 0;
+    }
+    stats.num_alloc_retries = stats.num_ooms = stats.num_device_alloc = stats.num_device_free = 0;
+    stats.num_sync_all_streams = 0;
+  }
+
+  std::string summary(c10::DeviceIndex device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return summaryLocked(device);
+  }
+
+  void recordStream(const c10::DataPtr& ptr, c10::Stream stream) {
+    if (ptr.get() == nullptr) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = allocated_.find(ptr.get());
+    TORCH_CHECK(it != allocated_.end(), "record_stream: the tensor's memory was not allocated by the npu ",
+                "caching allocator (a view of foreign memory cannot be tracked)");
+    deviceCache(it->second.second).recordStream(it->second.first, stream.id());
+  }
+
+  c10::DeviceIndex deviceOf(const void* ptr) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = allocated_.find(const_cast<void*>(ptr));
+    return it == allocated_.end() ? -1 : it->second.second;
+  }
+
+  std::size_t blockSize(const void* ptr) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = allocated_.find(const_cast<void*>(ptr));
+    return it == allocated_.end() ? 0 : it->second.first->size;
+  }
+
+ private:
+  static void deleteBlock(void* ptr);
+
+  DeviceCache& deviceCache(c10::DeviceIndex device) {
+    checkDevice(device);
+    while (static_cast<int>(devices_.size()) <= device) {
+      devices_.push_back(std::make_unique<DeviceCache>(static_cast<c10::DeviceIndex>(devices_.size())));
+    }
+    return *devices_[device];
+  }
+
+  std::map<std::string, int64_t> statsLocked(c10::DeviceIndex device) {
+    std::map<std::string, int64_t> out;
+    auto& stats = deviceCache(device).stats();
+    const char* pools[] = {"all", "small_pool", "large_pool"};
+    for (auto& [name, array] : stats.arrays()) {
+      for (int p = 0; p < 3; ++p) {
+        const std::string prefix = std::string(name) + "." + pools[p] + ".";
+        out[prefix + "current"] = (*array)[p].current;
+        out[prefix + "peak"] = (*array)[p].peak;
+        out[prefix + "allocated"] = (*array)[p].allocated;
+        out[prefix + "freed"] = (*array)[p].freed;
+      }
+    }
+    out["num_alloc_retries"] = stats.num_alloc_retries;
+    out["num_ooms"] = stats.num_ooms;
+    out["num_device_alloc"] = stats.num_device_alloc;
+    out["num_device_free"] = stats.num_device_free;
+    out["num_sync_all_streams"] = stats.num_sync_all_streams;
+    out["max_split_size"] = -1;
+    return out;
+  }
+
+  std::string summaryLocked(c10::DeviceIndex device) {
+    auto stats = statsLocked(device);
+    std::ostringstream out;
+    const std::string rule(75, '=');
+    const std::string thin(75, '-');
+    auto row = [&](const std::string& label, const std::string& key, bool bytes) {
+      for (const char* pool : {"all", "large_pool", "small_pool"}) {
+        const std::string prefix = key + "." + pool + ".";
+        const std::string name = std::string(pool) == "all" ? label
+                                 : std::string(pool) == "large_pool" ? "      from large pool"
+                                                                     : "      from small pool";
+        out << "| " << std::left << std::setw(21) << name << " |";
+        for (const char* field : {"current", "peak", "allocated", "freed"}) {
+          const int64_t v = stats[prefix + field];
+          out << " " << std::right << std::setw(10) << (bytes ? formatBytes(v) : std::to_string(v)) << " |";
+        }
+        out << "\n";
+      }
+      out << "|" << thin << "|\n";
+    };
+    out << "|" << rule << "|\n";
+    std::ostringstream title;
+    title << "PyTorch NPU memory summary, device ID " << static_cast<int>(device);
+    const std::string t = title.str();
+    out << "|" << std::string((75 - t.size()) / 2, ' ') << t
+        << std::string(75 - t.size() - (75 - t.size()) / 2, ' ') << "|\n";
+    out << "|" << thin << "|\n";
+    std::ostringstream counts;
+    counts << "  NPU OOMs: " << stats["num_ooms"] << "   |   allocation retries: " << stats["num_alloc_retries"];
+    const std::string c = counts.str();
+    out << "|" << c << std::string(75 - std::min<std::size_t>(75, c.size()), ' ') << "|\n";
+    out << "|" << rule << "|\n";
+    out << "|        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  |\n";
+    out << "|" << thin << "|\n";
+    row("Allocated memory", "allocated_bytes", true);
+    row("Active memory", "active_bytes", true);
+    row("Requested memory", "requested_bytes", true);
+    row("NPU reserved memory", "reserved_bytes", true);
+    row("Non-releasable memory", "inactive_split_bytes", true);
+    row("Allocations", "allocation", false);
+    row("Active allocs", "active", false);
+    row("NPU reserved segments", "segment", false);
+    row("Non-releasable allocs", "inactive_split", false);
+    out << "|" << rule << "|\n";
+    return out.str();
+  }
+
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<DeviceCache>> devices_;
+  std::unordered_map<void*, std::pair<Block*, c10::DeviceIndex>> allocated_;
+};
+
+// Never destroyed: tensors may be freed during static destruction at exit.
+CachingAllocator* g_allocator = new CachingAllocator();
+
+void CachingAllocator::deleteBlock(void* ptr) { g_allocator->free(ptr); }
+
+}  // namespace
+
+c10::Allocator* npuAllocator() { return g_allocator; }
+
+void resizeStorageBytes(c10::StorageImpl* storage, std::size_t new_bytes) {
+  TORCH_CHECK(storage->resizable(), "resize_: this npu storage is not resizable (it wraps memory the ",
+              "npu allocator does not own); clone() the tensor first");
+  const auto device = storage->device().index();
+  c10::DeviceGuard guard(storage->device());
+  const std::size_t old_bytes = storage->nbytes();
+  c10::DataPtr fresh = g_allocator->allocate(new_bytes);
+  if (old_bytes > 0 && new_bytes > 0) {
+    currentRuntimeStream(device).copy(fresh.get(), storage->data(), std::min(old_bytes, new_bytes),
+                                      runtime::CopyKind::DeviceToDevice);
+  }
+  storage->set_data_ptr_noswap(std::move(fresh));
+  storage->set_nbytes(new_bytes);
+}
+
+namespace allocator {
+void emptyCache() { g_allocator->emptyCache(); }
+std::map<std::string, int64_t> memoryStats(c10::DeviceIndex device) {
+  return g_allocator->stats(resolveDevice(device));
+}
+void resetPeakStats(c10::DeviceIndex device) { g_allocator->resetPeak(resolveDevice(device)); }
+void resetAccumulatedStats(c10::DeviceIndex device) { g_allocator->resetAccumulated(resolveDevice(device)); }
+std::string memorySummary(c10::DeviceIndex device) { return g_allocator->summary(resolveDevice(device)); }
+void recordStream(const c10::DataPtr& ptr, c10::Stream stream) { g_allocator->recordStream(ptr, stream); }
+c10::DeviceIndex deviceOf(const void* ptr) { return g_allocator->deviceOf(ptr); }
+std::size_t blockSize(const void* ptr) { return g_allocator->blockSize(ptr); }
+}  // namespace allocator
+
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, g_allocator);
+
+}  // namespace npu

@@ -1,0 +1,87 @@
+#include "copy.h"
+
+#include <c10/core/DeviceGuard.h>
+
+#include "device.h"
+#include "host_allocator.h"
+#include "launch.h"
+#include "stream.h"
+
+namespace npu {
+namespace {
+
+bool isPlainCopy(const at::Tensor& dst, const at::Tensor& src) {
+  return dst.dtype() == src.dtype() && dst.sizes() == src.sizes() && dst.is_contiguous() &&
+         src.is_contiguous() && !dst.is_conj() && !src.is_conj() && !dst.is_neg() && !src.is_neg();
+}
+
+// The host side of a copy: waits for the device's queued work on `device`.
+void waitForDevice(c10::DeviceIndex device, const char* where) {
+  synchronizeStream(currentStream(device), where);
+}
+
+void copyHostToDevice(at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
+  const auto device = dst.device().index();
+  c10::DeviceGuard guard(dst.device());
+  auto& stream = currentRuntimeStream(device);
+  if (non_blocking && isPinned(src.const_data_ptr()) && isPlainCopy(dst, src)) {
+    // Stream-ordered: the pinned block is kept alive until the copy ran.
+    stream.copy(dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src), runtime::CopyKind::HostToDevice);
+    recordPinnedUse(src.const_data_ptr(), stream);
+    return;
+  }
+  // Pageable memory may be freed as soon as we return: copy now, after the
+  // stream's earlier work on dst.
+  waitForDevice(device, "copy to npu");
+  cpuAlias(dst).copy_(src);
+}
+
+void copyDeviceToHost(at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
+  const auto device = src.device().index();
+  c10::DeviceGuard guard(src.device());
+  if (non_blocking && isPinned(dst.const_data_ptr()) && isPlainCopy(dst, src)) {
+    auto& stream = currentRuntimeStream(device);
+    stream.copy(dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src), runtime::CopyKind::DeviceToHost);
+    recordPinnedUse(dst.const_data_ptr(), stream);
+    return;
+  }
+  waitForDevice(device, "copy from npu to cpu");
+  dst.copy_(cpuAlias(src));
+}
+
+void copyOnDevice(at::Tensor& dst, const at::Tensor& src) {
+  const auto device = dst.device().index();
+  if (src.device() != dst.device()) {
+    // The source device's queued work must be done before the destination's
+    // stream reads its memory.
+    waitForDevice(src.device().index(), "copy between npu devices");
+  }
+  c10::DeviceGuard guard(dst.device());
+  auto dst_alias = cpuAlias(dst);
+  auto src_alias = cpuAlias(src);
+  launch(device, "aten::copy_", [dst_alias, src_alias]() mutable { dst_alias.copy_(src_alias); },
+         bytesOf(dst) + bytesOf(src));
+}
+
+}  // namespace
+
+at::Tensor& copyTensor(at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
+  TORCH_CHECK(dst.defined() && src.defined(), "copy_: both tensors must be defined");
+  if (dst.numel() == 0 || dst.is_same(src)) return dst;
+  const bool dst_npu = dst.device().type() == kNPU;
+  const bool src_npu = src.device().type() == kNPU;
+  TORCH_CHECK(dst_npu || dst.device().is_cpu(), "copy_: cannot copy from ", src.device(), " to ", dst.device(),
+              "; copy through the cpu (tensor.cpu().to(device))");
+  TORCH_CHECK(src_npu || src.device().is_cpu(), "copy_: cannot copy from ", src.device(), " to ", dst.device(),
+              "; copy through the cpu (tensor.cpu().to(device))");
+  if (dst_npu && src_npu) {
+    copyOnDevice(dst, src);
+  } else if (dst_npu) {
+    copyHostToDevice(dst, src, non_blocking);
+  } else {
+    copyDeviceToHost(dst, src, non_blocking);
+  }
+  return dst;
+}
+
+}  // namespace npu

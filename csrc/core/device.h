@@ -1,0 +1,42 @@
+// The npu devices as c10 sees them: count, the calling thread's current device,
+// and translation of runtime errors into c10 errors that name the device.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include "../runtime/hal.h"
+
+namespace npu {
+
+constexpr c10::DeviceType kNPU = c10::DeviceType::PrivateUse1;
+
+c10::DeviceIndex deviceCount() noexcept;
+// Throws a c10::Error naming the valid range when `index` is not a device.
+void checkDevice(c10::DeviceIndex index);
+c10::DeviceIndex currentDevice();
+void setDevice(c10::DeviceIndex index);
+// -1 means the current device.
+c10::DeviceIndex resolveDevice(c10::DeviceIndex index);
+runtime::Device& runtimeDevice(c10::DeviceIndex index);
+// Waits for every stream of the device; raises a failed kernel's error.
+void synchronizeDevice(c10::DeviceIndex index);
+
+// Runs `fn`, turning runtime exceptions (a failed kernel, a bad stream) into a
+// c10::Error that says where the error was seen and how to find its origin.
+template <typename Fn>
+decltype(auto) translateRuntimeErrors(const char* where, Fn&& fn);
+
+[[noreturn]] void rethrowRuntimeError(const char* where);
+
+template <typename Fn>
+decltype(auto) translateRuntimeErrors(const char* where, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception&) {
+    rethrowRuntimeError(where);
+  }
+}
+
+}  // namespace npu

@@ -1,0 +1,93 @@
+// c10's DeviceGuardImplInterface for the npu: what device guards, torch.Stream,
+// torch.Event and autograd's stream handling call.
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include "allocator.h"
+#include "device.h"
+#include "stream.h"
+
+namespace npu {
+namespace {
+
+runtime::Event& asEvent(void* event) { return *static_cast<runtime::Event*>(event); }
+
+struct NPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  static constexpr c10::DeviceType static_type = kNPU;
+
+  c10::DeviceType type() const override { return kNPU; }
+
+  c10::Device exchangeDevice(c10::Device device) const override {
+    TORCH_INTERNAL_ASSERT(device.type() == kNPU);
+    const auto old = currentDevice();
+    if (device.index() != old) npu::setDevice(device.index());
+    return c10::Device(kNPU, old);
+  }
+  c10::Device getDevice() const override { return c10::Device(kNPU, currentDevice()); }
+  void setDevice(c10::Device device) const override { npu::setDevice(device.index()); }
+  void uncheckedSetDevice(c10::Device device) const noexcept override {
+    try {
+      npu::setDevice(device.index());
+    } catch (...) {
+    }
+  }
+
+  c10::Stream getStream(c10::Device device) const override { return currentStream(device.index()); }
+  c10::Stream getDefaultStream(c10::Device device) const override { return defaultStream(device.index()); }
+  c10::Stream getStreamFromGlobalPool(c10::Device device, bool high_priority) const override {
+    return streamFromPool(device.index(), high_priority);
+  }
+  c10::Stream getNewStream(c10::Device device, int priority) const override {
+    return newStream(device.index(), priority);
+  }
+  c10::Stream exchangeStream(c10::Stream stream) const override { return npu::exchangeStream(stream); }
+  c10::DeviceIndex deviceCount() const noexcept override { return npu::deviceCount(); }
+
+  bool queryStream(const c10::Stream& stream) const override { return npu::queryStream(stream); }
+  void synchronizeStream(const c10::Stream& stream) const override {
+    npu::synchronizeStream(stream, "Stream.synchronize()");
+  }
+  void synchronizeDevice(c10::DeviceIndex device) const override { npu::synchronizeDevice(device); }
+  void recordDataPtrOnStream(const c10::DataPtr& ptr, const c10::Stream& stream) const override {
+    allocator::recordStream(ptr, stream);
+  }
+
+  void record(void** event, const c10::Stream& stream, c10::DeviceIndex device,
+              c10::EventFlag flag) const override {
+    TORCH_CHECK(device == -1 || device == stream.device_index(), "Event device index ",
+                static_cast<int>(device), " does not match the recording stream's device ",
+                static_cast<int>(stream.device_index()));
+    auto& rt_stream = runtimeStream(stream);
+    if (*event == nullptr) {
+      const bool timing = flag == c10::EventFlag::BACKEND_DEFAULT;
+      *event = runtimeDevice(stream.device_index()).createEvent(timing).release();
+    }
+    auto& e = asEvent(*event);
+    TORCH_CHECK(e.device() == stream.device_index(), "an event created on npu:", e.device(),
+                " cannot be recorded on a stream of npu:", static_cast<int>(stream.device_index()));
+    e.record(rt_stream);
+  }
+  void block(void* event, const c10::Stream& stream) const override {
+    if (event == nullptr) return;
+    runtimeStream(stream).wait(asEvent(event));
+  }
+  bool queryEvent(void* event) const override { return event == nullptr || asEvent(event).query(); }
+  void synchronizeEvent(void* event) const override {
+    if (event == nullptr) return;
+    translateRuntimeErrors("Event.synchronize()", [&] { asEvent(event).synchronize(); });
+  }
+  double elapsedTime(void* start, void* end, c10::DeviceIndex /*device*/) const override {
+    TORCH_CHECK(start != nullptr && end != nullptr,
+                "elapsed_time: both events must be recorded first (event.record())");
+    return translateRuntimeErrors("Event.elapsed_time()", [&] { return asEvent(start).elapsedMs(asEvent(end)); });
+  }
+  void destroyEvent(void* event, c10::DeviceIndex /*device*/) const noexcept override {
+    delete static_cast<runtime::Event*>(event);
+  }
+};
+
+}  // namespace
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, NPUGuardImpl);
+
+}  // namespace npu

@@ -1,0 +1,37 @@
+#include "launch.h"
+
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/core/TensorImpl.h>
+
+#include "device.h"
+#include "stream.h"
+
+namespace npu {
+
+at::Tensor cpuAlias(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  const auto* storage = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  c10::Storage alias_storage(c10::Storage::use_byte_size_t(), storage->nbytes(),
+                             c10::DataPtr(const_cast<void*>(storage->data()), c10::Device(c10::kCPU)),
+                             /*allocator=*/nullptr, /*resizable=*/false);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(alias_storage),
+                                                   c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return at::Tensor(std::move(impl));
+}
+
+void launch(c10::DeviceIndex device, const char* name, runtime::Kernel kernel, std::size_t bytes) {
+  auto& stream = currentRuntimeStream(device);
+  translateRuntimeErrors(name, [&] {
+    stream.launch(
+        name,
+        [kernel = std::move(kernel)] {
+          // Aliases need no autograd: go straight to the CPU kernels.
+          at::AutoDispatchBelowADInplaceOrView below_autograd;
+          kernel();
+        },
+        bytes);
+  });
+}
+
+}  // namespace npu

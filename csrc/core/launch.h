@@ -1,0 +1,27 @@
+// How work reaches the device: a kernel is a closure queued on an npu stream.
+// On the emulated NPU it computes with ATen's CPU kernels on CPU tensors that
+// alias device memory (no copy). Closures must not own tensors Python has seen
+// (dropping the last reference would need the GIL on the worker thread), so they
+// capture aliases made here; the memory stays valid because frees are
+// stream-ordered (see allocator.h).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "../runtime/hal.h"
+
+namespace npu {
+
+// A CPU tensor over the same memory as the npu tensor `t`: same sizes, strides,
+// storage offset and dtype. An undefined tensor stays undefined.
+at::Tensor cpuAlias(const at::Tensor& t);
+
+// Queues `kernel` on the current stream of `device`. Errors of an asynchronous
+// kernel surface at the next synchronisation point; with NPU_LAUNCH_BLOCKING=1
+// they are raised here, naming the kernel.
+void launch(c10::DeviceIndex device, const char* name, runtime::Kernel kernel, std::size_t bytes);
+
+// Bytes a kernel reads or writes, the size hint for launch().
+inline std::size_t bytesOf(const at::Tensor& t) { return t.defined() ? t.numel() * t.itemsize() : 0; }
+
+}  // namespace npu

@@ -1,0 +1,95 @@
+#include "stream.h"
+
+#include <array>
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include <c10/util/Exception.h>
+
+namespace npu {
+
+namespace {
+constexpr int kMaxDevices = 64;
+constexpr int kPoolSize = 4;
+
+// Stream id 0 (the default stream) until the thread picks another.
+thread_local std::array<int64_t, kMaxDevices> t_current_stream_ids{};
+
+struct StreamPool {
+  std::once_flag created;
+  std::array<int64_t, kPoolSize> normal{};
+  std::array<int64_t, kPoolSize> high{};
+  std::atomic<unsigned> next_normal{0};
+  std::atomic<unsigned> next_high{0};
+};
+std::array<StreamPool, kMaxDevices> g_pools;
+
+c10::Stream makeStream(c10::DeviceIndex device, int64_t id) {
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNPU, device), id);
+}
+}  // namespace
+
+c10::Stream currentStream(c10::DeviceIndex device) {
+  device = resolveDevice(device);
+  checkDevice(device);
+  return makeStream(device, t_current_stream_ids[device]);
+}
+
+c10::Stream defaultStream(c10::DeviceIndex device) {
+  device = resolveDevice(device);
+  checkDevice(device);
+  return makeStream(device, 0);
+}
+
+c10::Stream streamFromPool(c10::DeviceIndex device, bool high_priority) {
+  device = resolveDevice(device);
+  auto& rt = runtimeDevice(device);
+  auto& pool = g_pools[device];
+  std::call_once(pool.created, [&] {
+    for (int i = 0; i < kPoolSize; ++i) {
+      pool.normal[i] = rt.createStream(0).id();
+      pool.high[i] = rt.createStream(-1).id();
+    }
+  });
+  if (high_priority) return makeStream(device, pool.high[pool.next_high++ % kPoolSize]);
+  return makeStream(device, pool.normal[pool.next_normal++ % kPoolSize]);
+}
+
+c10::Stream newStream(c10::DeviceIndex device, int priority) {
+  device = resolveDevice(device);
+  return makeStream(device, runtimeDevice(device).createStream(priority).id());
+}
+
+c10::Stream exchangeStream(c10::Stream stream) {
+  TORCH_CHECK(stream.device_type() == kNPU, "expected an npu stream, got a ",
+              c10::DeviceTypeName(stream.device_type()), " stream");
+  runtimeStream(stream);  // validates the id
+  const auto device = stream.device_index();
+  auto previous = makeStream(device, t_current_stream_ids[device]);
+  t_current_stream_ids[device] = stream.id();
+  return previous;
+}
+
+runtime::Stream& runtimeStream(const c10::Stream& stream) {
+  auto& rt = runtimeDevice(stream.device_index());
+  return translateRuntimeErrors("stream lookup", [&]() -> runtime::Stream& {
+    return rt.stream(stream.id());
+  });
+}
+
+runtime::Stream& currentRuntimeStream(c10::DeviceIndex device) {
+  device = resolveDevice(device);
+  auto& rt = runtimeDevice(device);
+  const int64_t id = t_current_stream_ids[device];
+  return id == 0 ? rt.defaultStream() : rt.stream(id);
+}
+
+void synchronizeStream(const c10::Stream& stream, const char* where) {
+  auto& rt = runtimeStream(stream);
+  translateRuntimeErrors(where, [&] { rt.synchronize(); });
+}
+
+bool queryStream(const c10::Stream& stream) { return runtimeStream(stream).query(); }
+
+}  // namespace npu

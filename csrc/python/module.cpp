@@ -1,0 +1,106 @@
+// torch_npu._C: the Python bindings. No logic here: each function exposes one
+// C++ call of a lower layer (this is the only file that includes torch/extension.h).
+#include <torch/csrc/Event.h>
+#include <torch/csrc/Generator.h>
+#include <torch/extension.h>
+
+#include <chrono>
+#include <thread>
+
+#include "../core/allocator.h"
+#include "../core/device.h"
+#include "../core/generator.h"
+#include "../core/launch.h"
+#include "../core/stream.h"
+
+namespace npu {
+void registerHooks();  // core/hooks.cpp
+}
+
+namespace {
+
+namespace py = pybind11;
+
+py::tuple packStream(const c10::Stream& s) {
+  return py::make_tuple(s.id(), static_cast<int>(s.device_index()), static_cast<int>(s.device_type()));
+}
+
+c10::Stream unpackStream(int64_t id, int device) {
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(npu::kNPU, static_cast<c10::DeviceIndex>(device)), id);
+}
+
+void bindRuntime(py::module_& m) {
+  m.def("_device_count", [] { return static_cast<int>(npu::deviceCount()); });
+  m.def("_current_device", [] { return static_cast<int>(npu::currentDevice()); });
+  m.def("_set_device", [](int d) { npu::setDevice(static_cast<c10::DeviceIndex>(d)); });
+  m.def("_synchronize", [](int d) { npu::synchronizeDevice(static_cast<c10::DeviceIndex>(d)); },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("_hal_name", [] { return npu::runtime::hal().name(); });
+  m.def("_device_properties", [](int d) {
+    const auto& p = npu::runtimeDevice(static_cast<c10::DeviceIndex>(d)).properties();
+    py::dict out;
+    out["name"] = p.name;
+    out["total_memory"] = p.total_memory;
+    out["multi_processor_count"] = p.compute_units;
+    out["major"] = p.major;
+    out["minor"] = p.minor;
+    return out;
+  });
+  // Kernels for tests of asynchrony and error reporting (torch.npu._sleep, ...).
+  m.def("_launch_sleep", [](int d, double ms) {
+    npu::launch(static_cast<c10::DeviceIndex>(d), "npu._sleep", [ms] {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+    }, 0);
+  });
+  m.def("_launch_failing", [](int d, const std::string& message) {
+    npu::launch(static_cast<c10::DeviceIndex>(d), "npu._launch_failing_kernel",
+                [message] { throw std::runtime_error(message); }, 0);
+  });
+  m.def("_mem_get_info", [](int d) {
+    std::size_t free = 0, total = 0;
+    npu::runtimeDevice(static_cast<c10::DeviceIndex>(d)).memoryInfo(&free, &total);
+    return py::make_tuple(free, total);
+  });
+}
+
+void bindStreams(py::module_& m) {
+  m.def("_current_stream", [](int d) { return packStream(npu::currentStream(static_cast<c10::DeviceIndex>(d))); });
+  m.def("_default_stream", [](int d) { return packStream(npu::defaultStream(static_cast<c10::DeviceIndex>(d))); });
+  // torch.Event.elapsed_time rejects subclasses such as torch.npu.Event.
+  m.def("_event_elapsed_time", [](py::handle start, py::handle end) {
+    for (auto h : {start, end}) {
+      TORCH_CHECK(PyObject_IsInstance(h.ptr(), reinterpret_cast<PyObject*>(&THPEventType)) == 1,
+                  "elapsed_time: expected a torch.npu.Event");
+    }
+    auto& a = reinterpret_cast<THPEvent*>(start.ptr())->event;
+    auto& b = reinterpret_cast<THPEvent*>(end.ptr())->event;
+    return a.elapsedTime(b);
+  });
+  m.def("_set_stream", [](int64_t id, int d) { npu::exchangeStream(unpackStream(id, d)); });
+}
+
+void bindMemory(py::module_& m) {
+  m.def("_memory_stats", [](int d) { return npu::allocator::memoryStats(static_cast<c10::DeviceIndex>(d)); });
+  m.def("_reset_peak_memory_stats", [](int d) { npu::allocator::resetPeakStats(static_cast<c10::DeviceIndex>(d)); });
+  m.def("_reset_accumulated_memory_stats",
+        [](int d) { npu::allocator::resetAccumulatedStats(static_cast<c10::DeviceIndex>(d)); });
+  m.def("_memory_summary", [](int d) { return npu::allocator::memorySummary(static_cast<c10::DeviceIndex>(d)); });
+  m.def("_empty_cache", [] { npu::allocator::emptyCache(); }, py::call_guard<py::gil_scoped_release>());
+}
+
+void bindRandom(py::module_& m) {
+  m.def("_default_generator", [](int d) {
+    return py::reinterpret_steal<py::object>(
+        THPGenerator_initDefaultGenerator(npu::defaultGenerator(static_cast<c10::DeviceIndex>(d))));
+  });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  npu::registerHooks();
+  bindRuntime(m);
+  bindStreams(m);
+  bindMemory(m);
+  bindRandom(m);
+}

@@ -1,0 +1,147 @@
+#include "device.h"
+
+#include <cstdlib>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "config.h"
+
+namespace npu::runtime::emu {
+
+namespace {
+constexpr std::size_t kAlignment = 64;  // a cache line; what vectorised kernels want
+constexpr std::size_t kDefaultCapacity = std::size_t(4) << 30;
+
+std::size_t roundUp(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+}  // namespace
+
+EmuDevice::EmuDevice(int index, std::size_t capacity, const LaunchConfig& config)
+    : index_(index), config_(config) {
+  properties_.name = "Emulated NPU";
+  properties_.total_memory = capacity;
+  properties_.compute_units = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  streams_.push_back(std::make_unique<EmuStream>(index, 0, 0, config_));
+  default_stream_ = streams_.front().get();
+}
+
+void* EmuDevice::allocate(std::size_t n) {
+  // Past the capacity anyway; also keeps roundUp from wrapping to 0 near SIZE_MAX.
+  if (n > properties_.total_memory || n > std::numeric_limits<std::size_t>::max() - kAlignment) return nullptr;
+  const std::size_t size = roundUp(std::max<std::size_t>(n, 1), kAlignment);
+  {
+    std::lock_guard<std::mutex> lock(memory_mutex_);
+    if (size > properties_.total_memory - used_) return nullptr;
+    used_ += size;
+  }
+  void* ptr = std::aligned_alloc(kAlignment, size);
+  std::lock_guard<std::mutex> lock(memory_mutex_);
+  if (ptr == nullptr) {
+    used_ -= size;
+    return nullptr;
+  }
+  allocations_.emplace(static_cast<const char*>(ptr), size);
+  return ptr;
+}
+
+void EmuDevice::free(void* ptr) {
+  if (ptr == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(memory_mutex_);
+    auto it = allocations_.find(static_cast<const char*>(ptr));
+    if (it == allocations_.end()) {
+      throw std::invalid_argument("npu:" + std::to_string(index_) +
+                                  ": free of a pointer this device did not allocate");
+    }
+    used_ -= it->second;
+    allocations_.erase(it);
+  }
+  std::free(ptr);
+}
+
+bool EmuDevice::owns(const void* ptr) const {
+  const char* p = static_cast<const char*>(ptr);
+  std::lock_guard<std::mutex> lock(memory_mutex_);
+  auto it = allocations_.upper_bound(p);
+  if (it == allocations_.begin()) return false;
+  --it;
+  return p < it->first + it->second;
+}
+
+void EmuDevice::memoryInfo(std::size_t* free, std::size_t* total) const {
+  std::lock_guard<std::mutex> lock(memory_mutex_);
+  *free = properties_.total_memory - used_;
+  *total = properties_.total_memory;
+}
+
+// Not streams_[0]: createStream() may be reallocating streams_ on another thread.
+Stream& EmuDevice::defaultStream() { return *default_stream_; }
+
+Stream& EmuDevice::createStream(int priority) {
+  std::lock_guard<std::mutex> lock(streams_mutex_);
+  const auto id = static_cast<int64_t>(streams_.size());
+  streams_.push_back(std::make_unique<EmuStream>(index_, id, priority, config_));
+  return *streams_.back();
+}
+
+Stream& EmuDevice::stream(int64_t id) {
+  std::lock_guard<std::mutex> lock(streams_mutex_);
+  if (id < 0 || id >= static_cast<int64_t>(streams_.size())) {
+    throw std::out_of_range("npu:" + std::to_string(index_) + " has no stream " + std::to_string(id));
+  }
+  return *streams_[static_cast<std::size_t>(id)];
+}
+
+std::unique_ptr<Event> EmuDevice::createEvent(bool timing) {
+  return std::make_unique<EmuEvent>(index_, timing);
+}
+
+void EmuDevice::synchronize() {
+  std::vector<EmuStream*> streams;
+  {
+    std::lock_guard<std::mutex> lock(streams_mutex_);
+    for (auto& s : streams_) streams.push_back(s.get());
+  }
+  // Wait for all of them before raising the first error, so none is left running.
+  std::exception_ptr first_error;
+  for (auto* s : streams) {
+    try {
+      s->synchronize();
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+EmuHal::EmuHal()
+    : EmuHal(static_cast<int>(envInt("NPU_EMU_DEVICES", 1)),
+             envBytes("NPU_EMU_MEMORY", kDefaultCapacity), LaunchConfig::fromEnvironment()) {}
+
+EmuHal::EmuHal(int devices, std::size_t capacity, const LaunchConfig& config) {
+  if (devices < 0 || devices > 64) {
+    throw std::invalid_argument("NPU_EMU_DEVICES=" + std::to_string(devices) +
+                                " is out of range; use 0 to 64");
+  }
+  for (int i = 0; i < devices; ++i) {
+    devices_.push_back(std::make_unique<EmuDevice>(i, capacity, config));
+  }
+}
+
+Device& EmuHal::device(int index) {
+  if (index < 0 || index >= deviceCount()) {
+    throw std::out_of_range("npu:" + std::to_string(index) + " does not exist; there are " +
+                            std::to_string(deviceCount()) + " npu device(s) (NPU_EMU_DEVICES)");
+  }
+  return *devices_[static_cast<std::size_t>(index)];
+}
+
+void* EmuHal::hostAllocate(std::size_t n) {
+  if (n > std::numeric_limits<std::size_t>::max() - kAlignment) return nullptr;  // roundUp would wrap
+  return std::aligned_alloc(kAlignment, roundUp(std::max<std::size_t>(n, 1), kAlignment));
+}
+
+void EmuHal::hostFree(void* ptr) { std::free(ptr); }
+
+}  // namespace npu::runtime::emu

@@ -1,0 +1,60 @@
+// The emulated NPU: devices whose memory is a capacity-limited slice of host
+// memory, with streams and events from stream.h.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "../hal.h"
+#include "stream.h"
+
+namespace npu::runtime::emu {
+
+class EmuDevice final : public Device {
+ public:
+  EmuDevice(int index, std::size_t capacity, const LaunchConfig& config);
+  int index() const override { return index_; }
+  const DeviceProperties& properties() const override { return properties_; }
+
+  void* allocate(std::size_t n) override;
+  void free(void* ptr) override;
+  bool owns(const void* ptr) const override;
+  void memoryInfo(std::size_t* free, std::size_t* total) const override;
+
+  Stream& defaultStream() override;
+  Stream& createStream(int priority) override;
+  Stream& stream(int64_t id) override;
+  std::unique_ptr<Event> createEvent(bool timing) override;
+  void synchronize() override;
+
+ private:
+  const int index_;
+  const LaunchConfig config_;
+  DeviceProperties properties_;
+
+  mutable std::mutex memory_mutex_;
+  std::map<const char*, std::size_t> allocations_;  // base -> size, ordered for owns()
+  std::size_t used_ = 0;
+
+  mutable std::mutex streams_mutex_;
+  std::vector<std::unique_ptr<EmuStream>> streams_;  // index == stream id
+  EmuStream* default_stream_ = nullptr;  // streams_[0], readable without streams_mutex_
+};
+
+class EmuHal final : public Hal {
+ public:
+  EmuHal();  // NPU_EMU_DEVICES, NPU_EMU_MEMORY, launch settings from the environment
+  EmuHal(int devices, std::size_t capacity, const LaunchConfig& config);
+  std::string name() const override { return "emulated"; }
+  int deviceCount() const override { return static_cast<int>(devices_.size()); }
+  Device& device(int index) override;
+  void* hostAllocate(std::size_t n) override;
+  void hostFree(void* ptr) override;
+
+ private:
+  std::vector<std::unique_ptr<EmuDevice>> devices_;
+};
+
+}  // namespace npu::runtime::emu

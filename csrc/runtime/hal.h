@@ -1,0 +1,116 @@
+// The hardware abstraction layer (HAL): the only interface between torch_npu and
+// a device. Plain C++17, no ATen. The emulated NPU (runtime/emu) implements it;
+// a vendor implements it again to drive real silicon and nothing above changes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace npu::runtime {
+
+// A kernel is work executed in stream order. It may throw; the error is kept by
+// the stream and raised at the next synchronisation point, naming the kernel.
+using Kernel = std::function<void()>;
+
+enum class CopyKind { HostToDevice, DeviceToHost, DeviceToDevice };
+
+struct DeviceProperties {
+  std::string name;
+  std::size_t total_memory = 0;
+  int compute_units = 0;  // cores that execute kernels
+  int major = 1;
+  int minor = 0;
+};
+
+// Raised at a synchronisation point for a kernel that failed earlier.
+class KernelError : public std::runtime_error {
+ public:
+  KernelError(std::string kernel, const std::string& what)
+      : std::runtime_error("npu kernel '" + kernel + "' failed: " + what),
+        kernel_(std::move(kernel)) {}
+  const std::string& kernel() const { return kernel_; }
+
+ private:
+  std::string kernel_;
+};
+
+class Event;
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual int device() const = 0;
+  // 0 is the device's default stream; other ids are unique per device.
+  virtual int64_t id() const = 0;
+  virtual int priority() const = 0;
+
+  // Queues `kernel` after all work already on this stream and returns; it may
+  // also run it at once on the caller's thread when that keeps the same order.
+  // `bytes` is a hint of how much memory the kernel touches.
+  virtual void launch(const char* name, Kernel kernel, std::size_t bytes = 0) = 0;
+  // Stream-ordered copy between host and device memory (or device and device).
+  virtual void copy(void* dst, const void* src, std::size_t n, CopyKind kind) = 0;
+
+  // Blocks until every kernel on the stream ran; throws the first KernelError.
+  virtual void synchronize() = 0;
+  // True when every queued kernel has finished.
+  virtual bool query() = 0;
+  // Work launched after this call starts only once `event` has completed.
+  virtual void wait(Event& event) = 0;
+};
+
+class Event {
+ public:
+  virtual ~Event() = default;
+  // Marks the point in `stream` reached by the work queued so far.
+  virtual void record(Stream& stream) = 0;
+  virtual bool query() = 0;        // recorded work done (true if never recorded)
+  virtual void synchronize() = 0;  // waits for it; throws the stream's KernelError
+  virtual bool recorded() const = 0;
+  virtual int device() const = 0;
+  // Milliseconds between this event and `end`; both must have completed and
+  // have been created with timing enabled.
+  virtual double elapsedMs(Event& end) = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual int index() const = 0;
+  virtual const DeviceProperties& properties() const = 0;
+
+  // Device memory. Returns nullptr when the device has no room left (the caller,
+  // the caching allocator, frees its cache and retries before reporting an OOM).
+  virtual void* allocate(std::size_t n) = 0;
+  virtual void free(void* ptr) = 0;
+  virtual bool owns(const void* ptr) const = 0;
+  virtual void memoryInfo(std::size_t* free, std::size_t* total) const = 0;
+
+  virtual Stream& defaultStream() = 0;
+  virtual Stream& createStream(int priority) = 0;  // lives as long as the device
+  virtual Stream& stream(int64_t id) = 0;          // throws std::out_of_range
+  virtual std::unique_ptr<Event> createEvent(bool timing) = 0;
+  virtual void synchronize() = 0;  // every stream of the device
+};
+
+class Hal {
+ public:
+  virtual ~Hal() = default;
+  virtual std::string name() const = 0;
+  virtual int deviceCount() const = 0;
+  virtual Device& device(int index) = 0;  // throws std::out_of_range
+  // Page-locked host memory for asynchronous copies.
+  virtual void* hostAllocate(std::size_t n) = 0;
+  virtual void hostFree(void* ptr) = 0;
+};
+
+// The process-wide HAL: the emulated NPU unless a vendor installed another one
+// with setHal() before first use.
+Hal& hal();
+void setHal(std::unique_ptr<Hal> hal);
+
+}  // namespace npu::runtime

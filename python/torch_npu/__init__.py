@@ -1,0 +1,27 @@
+"""torch_npu: a PyTorch adapter for an NPU.
+
+``import torch_npu`` (or just ``import torch``, through the ``torch.backends``
+entry point) gives PyTorch an ``npu`` device: ``torch.randn(3, device="npu")``,
+``tensor.npu()``, ``module.npu()``, ``torch.npu.*``. Without hardware the device
+is an emulated NPU in host memory (see NPU_EMU_DEVICES and NPU_EMU_MEMORY).
+"""
+import torch
+
+from . import _C
+
+if torch._C._get_privateuse1_backend_name() != "npu":
+    torch.utils.rename_privateuse1_backend("npu")
+
+from . import npu  # noqa: E402  (needs the renamed backend)
+
+torch._register_device_module("npu", npu)
+if not hasattr(torch.Tensor, "npu"):
+    torch.utils.generate_methods_for_privateuse1_backend(
+        for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+    )
+
+__version__ = "0.1.0"
+
+
+def _autoload():
+    """Entry point of the ``torch.backends`` group: importing the package did the work."""

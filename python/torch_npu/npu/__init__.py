@@ -1,0 +1,71 @@
+"""torch.npu: the npu device module, with the names and meanings of torch.cuda."""
+import torch
+
+from torch_npu import _C
+
+from ._device import (
+    current_device,
+    device,
+    device_count,
+    device_of,
+    get_device_capability,
+    get_device_name,
+    get_device_properties,
+    init,
+    is_available,
+    is_initialized,
+    mem_get_info,
+    set_device,
+    synchronize,
+    _get_device_index,
+    _is_in_bad_fork,
+    _lazy_init,
+    _sleep,
+    _launch_failing_kernel,
+)
+from .memory import (
+    empty_cache,
+    max_memory_allocated,
+    max_memory_reserved,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    memory_summary,
+    reset_accumulated_memory_stats,
+    reset_max_memory_allocated,
+    reset_peak_memory_stats,
+)
+from .random import (
+    default_generators,
+    get_rng_state,
+    get_rng_state_all,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    seed,
+    seed_all,
+    set_rng_state,
+    set_rng_state_all,
+)
+from .streams import Event, Stream, StreamContext, current_stream, default_stream, set_stream, stream
+
+
+def get_amp_supported_dtype():
+    """The dtypes torch.autocast("npu") may cast to."""
+    return [torch.float16, torch.bfloat16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+__all__ = [
+    "Event", "Stream", "StreamContext", "current_device", "current_stream", "default_generators",
+    "default_stream", "device", "device_count", "device_of", "empty_cache", "get_amp_supported_dtype",
+    "get_device_capability", "get_device_name", "get_device_properties", "get_rng_state",
+    "get_rng_state_all", "init", "initial_seed", "is_available", "is_bf16_supported", "is_initialized",
+    "manual_seed", "manual_seed_all", "max_memory_allocated", "max_memory_reserved", "mem_get_info",
+    "memory_allocated", "memory_reserved", "memory_stats", "memory_summary",
+    "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_peak_memory_stats", "seed",
+    "seed_all", "set_device", "set_rng_state", "set_rng_state_all", "set_stream", "stream", "synchronize",
+]

@@ -1,0 +1,133 @@
+"""Devices: selection, properties, synchronisation."""
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+import torch
+
+from torch_npu import _C
+
+_DeviceLike = Union[torch.device, str, int, None]
+
+
+def _get_device_index(device: _DeviceLike, optional: bool = True) -> int:
+    """The npu index of ``device`` (an int, "npu", "npu:1", torch.device or None)."""
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "npu":
+            raise ValueError(f"expected an npu device, got {device}")
+        device = device.index
+    if device is None:
+        if not optional:
+            raise ValueError("expected an npu device with an index, e.g. 'npu:0'")
+        return current_device()
+    if not isinstance(device, int):
+        raise TypeError(f"expected an npu device (int, str or torch.device), got {type(device).__name__}")
+    return device
+
+
+def is_available() -> bool:
+    return _C._device_count() > 0
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def init() -> None:
+    """Kept for torch.cuda compatibility: the npu runtime starts on first use."""
+
+
+def _lazy_init() -> None:
+    pass
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    return _C._device_count()
+
+
+def current_device() -> int:
+    return _C._current_device()
+
+
+def set_device(device: _DeviceLike) -> None:
+    index = _get_device_index(device)
+    if index >= 0:
+        _C._set_device(index)
+
+
+class device:
+    """Context manager that makes ``device`` the current npu device."""
+
+    def __init__(self, device: Any):
+        self.idx = _get_device_index(device, optional=True) if device is not None else -1
+        self.prev_idx = -1
+
+    def __enter__(self):
+        self.prev_idx = current_device()
+        if self.idx >= 0 and self.idx != self.prev_idx:
+            _C._set_device(self.idx)
+        return self
+
+    def __exit__(self, *exc):
+        if self.idx >= 0 and self.idx != self.prev_idx:
+            _C._set_device(self.prev_idx)
+        return False
+
+
+class device_of(device):
+    """Context manager that makes the device of tensor ``obj`` current (no-op for cpu tensors)."""
+
+    def __init__(self, obj: torch.Tensor):
+        super().__init__(obj.get_device() if obj.device.type == "npu" else None)
+
+
+def synchronize(device: _DeviceLike = None) -> None:
+    """Waits for all kernels on all streams of the device; raises a failed kernel's error."""
+    _C._synchronize(_get_device_index(device))
+
+
+@dataclass(frozen=True)
+class _NPUDeviceProperties:
+    name: str
+    total_memory: int
+    multi_processor_count: int
+    major: int
+    minor: int
+
+    def __repr__(self) -> str:
+        return (f"_NPUDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory // (1024 * 1024)}MB, "
+                f"multi_processor_count={self.multi_processor_count})")
+
+
+def get_device_properties(device: _DeviceLike = None) -> _NPUDeviceProperties:
+    return _NPUDeviceProperties(**_C._device_properties(_get_device_index(device)))
+
+
+def get_device_name(device: _DeviceLike = None) -> str:
+    return get_device_properties(device).name
+
+
+def get_device_capability(device: _DeviceLike = None) -> tuple:
+    props = get_device_properties(device)
+    return props.major, props.minor
+
+
+def mem_get_info(device: _DeviceLike = None) -> tuple:
+    """(free, total) bytes of device memory, as the device (not the cache) sees it."""
+    return tuple(_C._mem_get_info(_get_device_index(device)))
+
+
+def _sleep(milliseconds: float, device: _DeviceLike = None) -> None:
+    """Queues a kernel that keeps the current stream busy (for tests of asynchrony)."""
+    _C._launch_sleep(_get_device_index(device), float(milliseconds))
+
+
+def _launch_failing_kernel(message: str, device: _DeviceLike = None) -> None:
+    """Queues a kernel that fails with ``message`` (for tests of error reporting)."""
+    _C._launch_failing(_get_device_index(device), str(message))

@@ -1,0 +1,24 @@
+"""Builds torch_npu._C against the installed torch (use --no-build-isolation)."""
+import glob
+import os
+
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+SOURCES = sorted(
+    os.path.relpath(path, ROOT)
+    for path in glob.glob(os.path.join(ROOT, "csrc", "**", "*.cpp"), recursive=True)
+)
+
+setup(
+    ext_modules=[
+        CppExtension(
+            "torch_npu._C",
+            SOURCES,
+            # -g0: no debug info, it doubles compile and link time of ATen-heavy units
+            extra_compile_args={"cxx": ["-O2", "-g0", "-std=c++17", "-fvisibility=hidden"]},
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)
