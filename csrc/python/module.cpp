@@ -12,6 +12,10 @@
 #include "../core/generator.h"
 #include "../core/launch.h"
 #include "../core/stream.h"
+#include "../dispatch/fallback.h"
+#include "../dispatch/registry.h"
+#include "../ops/host_execution.h"
+#include "../ops/native_kernel.h"
 
 namespace npu {
 void registerHooks();  // core/hooks.cpp
@@ -95,12 +99,109 @@ void bindRandom(py::module_& m) {
   });
 }
 
+npu::dispatch::FallbackMode parseMode(const std::string& mode) {
+  if (mode == "auto") return npu::dispatch::FallbackMode::Auto;
+  if (mode == "warn") return npu::dispatch::FallbackMode::Warn;
+  if (mode == "error") return npu::dispatch::FallbackMode::Error;
+  throw py::value_error("'" + mode + "' is not a fallback mode; use 'auto', 'warn' or 'error'");
+}
+
+npu::dispatch::OpPolicy parsePolicy(const std::string& policy) {
+  if (policy == "cpu") return npu::dispatch::OpPolicy::Cpu;
+  if (policy == "npu") return npu::dispatch::OpPolicy::Npu;
+  if (policy == "default" || policy == "auto") return npu::dispatch::OpPolicy::Default;
+  throw py::value_error("'" + policy + "' is not an op fallback policy; use 'cpu' (always run on the cpu), "
+                        "'npu' (never fall back) or 'default'");
+}
+
+const char* policyName(npu::dispatch::OpPolicy policy) {
+  switch (policy) {
+    case npu::dispatch::OpPolicy::Cpu: return "cpu";
+    case npu::dispatch::OpPolicy::Npu: return "npu";
+    default: return "default";
+  }
+}
+
+py::tuple packResolution(const npu::dispatch::OpResolution& r) {
+  return py::make_tuple(r.name, r.backend, r.priority, r.backends);
+}
+
+void bindDispatch(py::module_& m) {
+  using npu::dispatch::FallbackPolicy;
+  m.def("_fallback_mode", [] {
+    switch (FallbackPolicy::instance().mode()) {
+      case npu::dispatch::FallbackMode::Warn: return "warn";
+      case npu::dispatch::FallbackMode::Error: return "error";
+      default: return "auto";
+    }
+  });
+  m.def("_set_fallback_mode", [](const std::string& mode) {
+    FallbackPolicy::instance().setMode(parseMode(mode));
+    FallbackPolicy::instance().resetWarnings();
+  });
+  m.def("_canonical_op_name", [](const std::string& name) { return npu::dispatch::canonicalOpName(name); });
+  m.def("_set_op_fallback", [](const std::string& op, const std::string& policy) {
+    FallbackPolicy::instance().setOpPolicy(npu::dispatch::canonicalOpName(op).first, parsePolicy(policy));
+  });
+  m.def("_op_fallback", [](const std::string& op) {
+    return policyName(FallbackPolicy::instance().opPolicy(npu::dispatch::canonicalOpName(op).first));
+  });
+  m.def("_op_fallbacks", [] {
+    py::dict out;
+    for (const auto& [op, policy] : FallbackPolicy::instance().opPolicies()) out[py::str(op)] = policyName(policy);
+    return out;
+  });
+  m.def("_clear_op_fallbacks", [] { FallbackPolicy::instance().clearOpPolicies(); });
+  m.def("_retry_on_kernel_error", [] { return FallbackPolicy::instance().retryOnKernelError(); });
+  m.def("_set_retry_on_kernel_error", [](bool on) { FallbackPolicy::instance().setRetryOnKernelError(on); });
+  m.def("_fallback_env_error", [] { return FallbackPolicy::instance().environmentError(); });
+  m.def("_fallback_stats", [] {
+    py::dict out;
+    for (const auto& [op, s] : FallbackPolicy::instance().stats()) {
+      out[py::str(op)] = py::make_tuple(s.count, s.kernel_error_retries, s.nanoseconds, s.bytes_to_cpu, s.bytes_to_npu);
+    }
+    return out;
+  });
+  m.def("_reset_fallback_stats", [] { FallbackPolicy::instance().resetStats(); });
+  m.def("_set_fallback_logger", [](py::object logger) {
+    if (logger.is_none()) {
+      FallbackPolicy::instance().setLogger(nullptr);
+      return;
+    }
+    // Leaked on purpose: it may be called during interpreter shutdown.
+    auto* callable = new py::object(std::move(logger));
+    FallbackPolicy::instance().setLogger([callable](const std::string& line) {
+      py::gil_scoped_acquire gil;
+      try {
+        (*callable)(line);
+      } catch (py::error_already_set& e) {
+        e.discard_as_unraisable("torch_npu fallback logger");
+      }
+    });
+  });
+  m.def("_resolve_op", [](const std::string& name) -> py::object {
+    auto r = npu::dispatch::resolveOp(name);
+    if (!r) return py::none();
+    return packResolution(*r);
+  });
+  m.def("_all_ops", [] {
+    py::list out;
+    for (const auto& r : npu::dispatch::allOps()) out.append(packResolution(r));
+    return out;
+  });
+  m.def("_num_native_kernels", [] { return npu::dispatch::numNativeKernels(); });
+  m.def("_unmatched_library_names", [] { return npu::ops::unmatchedLibraryNames(); });
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   npu::registerHooks();
+  npu::ops::installHostAllocatorRedirect();
+  npu::ops::registerOpLibrary();
   bindRuntime(m);
   bindStreams(m);
   bindMemory(m);
   bindRandom(m);
+  bindDispatch(m);
 }

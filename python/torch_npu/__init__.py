@@ -20,6 +20,18 @@ if not hasattr(torch.Tensor, "npu"):
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )
 
+from . import _ops_registry  # noqa: E402
+from .fallback import (  # noqa: E402
+    FallbackStats,
+    NPUFallbackMode,
+    NPUOpsFallback,
+    get_fallback_mode,
+    set_fallback_mode,
+)
+from .fallback import _install as _install_fallback  # noqa: E402
+
+_install_fallback()
+
 __version__ = "0.1.0"
 
 

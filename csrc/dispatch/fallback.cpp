@@ -1,0 +1,421 @@
+#include "fallback.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <sstream>
+
+#include "../core/copy.h"
+#include "../core/device.h"
+#include "../core/generator.h"
+
+namespace npu::dispatch {
+
+namespace {
+
+std::string trim(const std::string& s) {
+  const auto begin = s.find_first_not_of(" \t\n");
+  if (begin == std::string::npos) return "";
+  const auto end = s.find_last_not_of(" \t\n");
+  return s.substr(begin, end - begin + 1);
+}
+
+bool startsWith(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+const char* modeName(FallbackMode mode) {
+  switch (mode) {
+    case FallbackMode::Auto: return "auto";
+    case FallbackMode::Warn: return "warn";
+    case FallbackMode::Error: return "error";
+  }
+  return "?";
+}
+
+// "aten::exp" -> "npu_exp", the name users of NPU adapters grep logs for.
+std::string kernelName(const std::string& base) {
+  const auto pos = base.find("::");
+  return "npu_" + (pos == std::string::npos ? base : base.substr(pos + 2));
+}
+
+std::string describeTensor(const at::Tensor& t) {
+  if (!t.defined()) return "undefined";
+  std::ostringstream out;
+  out << "Tensor[" << t.scalar_type() << ", " << t.device() << ", " << t.sizes() << "]";
+  return out.str();
+}
+
+// "self: Tensor[Double, npu:0, [3]], other: Tensor[...]" and the dtypes seen.
+std::string describeArguments(const c10::FunctionSchema& schema, const torch::jit::Stack& stack,
+                              std::vector<std::string>* dtypes) {
+  const auto& args = schema.arguments();
+  const size_t begin = stack.size() - args.size();
+  std::ostringstream out;
+  bool first = true;
+  auto note_dtype = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    std::string name = c10::toString(t.scalar_type());
+    if (std::find(dtypes->begin(), dtypes->end(), name) == dtypes->end()) dtypes->push_back(name);
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto& v = stack[begin + i];
+    std::string text;
+    if (v.isTensor()) {
+      text = describeTensor(v.toTensor());
+      note_dtype(v.toTensor());
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorVector();
+      text = "[" + std::to_string(list.size()) + " tensors" +
+             (list.empty() ? std::string() : ", first " + describeTensor(list[0])) + "]";
+      for (const auto& t : list) note_dtype(t);
+    } else if (v.isScalar() || v.isDevice() || v.isInt() || v.isDouble() || v.isBool()) {
+      std::ostringstream s;
+      s << v;
+      text = s.str();
+    } else {
+      continue;
+    }
+    out << (first ? "" : ", ") << args[i].name() << ": " << text;
+    first = false;
+  }
+  return out.str();
+}
+
+[[noreturn]] void raiseNotSupported(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                                    FallbackReason reason, OpPolicy policy) {
+  const auto& schema = op.schema();
+  std::vector<std::string> dtypes;
+  const std::string inputs = describeArguments(schema, stack, &dtypes);
+  std::string dtype_list;
+  for (const auto& d : dtypes) dtype_list += (dtype_list.empty() ? "" : ", ") + d;
+  const std::string base = schema.name();
+  std::ostringstream why;
+  if (reason == FallbackReason::Dtype) {
+    why << "the npu kernel does not support dtype " << dtype_list
+        << " (the npu has no float64 or complex kernels; cast with .float() to stay on the npu)";
+  } else {
+    why << "no npu kernel is registered for it";
+  }
+  std::ostringstream remedy;
+  if (policy == OpPolicy::Npu) {
+    remedy << "The op policy for '" << base << "' is 'npu' (fallback forbidden). Allow the CPU fallback with "
+           << "NPUFallbackMode.set_op_fallback('" << base << "', 'cpu') or remove the policy with "
+           << "set_op_fallback('" << base << "', 'default').";
+  } else {
+    remedy << "The fallback mode is '" << modeName(FallbackPolicy::instance().mode())
+           << "'. To run it on the CPU instead: torch_npu.set_fallback_mode('auto') (or 'warn'), the "
+           << "environment variable NPU_FALLBACK_MODE=auto, or for this op only "
+           << "NPUFallbackMode.set_op_fallback('" << base << "', 'cpu').";
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "Operator '", displayName(op), "' is not yet supported on npu (dtype ",
+                              dtype_list.empty() ? "none" : dtype_list, "): ", why.str(), ". Inputs: ", inputs,
+                              ". ", remedy.str());
+}
+
+at::Tensor toHost(const at::Tensor& t, int64_t* bytes) {
+  if (!t.defined() || t.device().type() != kNPU) return t;
+  *bytes += static_cast<int64_t>(t.numel() * t.itemsize());
+  return t.cpu();
+}
+
+template <typename T>
+bool sameAlias(const T* a, const T* b) {
+  return a != nullptr && b != nullptr && (a == b || *a == *b);
+}
+
+}  // namespace
+
+// ---- policy ------------------------------------------------------------------
+
+FallbackPolicy& FallbackPolicy::instance() {
+  static FallbackPolicy* policy = new FallbackPolicy();
+  return *policy;
+}
+
+FallbackPolicy::FallbackPolicy() {
+  // Bad values are reported by torch_npu at import (see envError()).
+  if (const char* mode = std::getenv("NPU_FALLBACK_MODE")) {
+    const std::string m = trim(mode);
+    if (m == "warn") mode_ = FallbackMode::Warn;
+    else if (m == "error") mode_ = FallbackMode::Error;
+    else if (!m.empty() && m != "auto") {
+      env_error_ = "NPU_FALLBACK_MODE='" + m + "' is not a fallback mode; use auto, warn or error";
+    }
+  }
+  if (const char* ops = std::getenv("NPU_FALLBACK_OPS")) {
+    std::stringstream list(ops);
+    std::string item;
+    while (std::getline(list, item, ',')) {
+      item = trim(item);
+      if (item.empty()) continue;
+      try {
+        setOpPolicy(canonicalOpName(item).first, OpPolicy::Cpu);
+      } catch (const std::exception&) {
+        env_error_ = "NPU_FALLBACK_OPS: '" + item + "' is not an operator name; use e.g. NPU_FALLBACK_OPS=exp,isin";
+      }
+    }
+  }
+  if (const char* retry = std::getenv("NPU_FALLBACK_ON_ERROR")) {
+    const std::string r = trim(retry);
+    retry_on_error_ = r == "1" || r == "true" || r == "yes" || r == "on";
+  }
+}
+
+void FallbackPolicy::setOpPolicy(const std::string& op, OpPolicy policy) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (policy == OpPolicy::Default) policies_.erase(op);
+  else policies_[op] = policy;
+  has_policies_ = !policies_.empty();
+}
+
+OpPolicy FallbackPolicy::opPolicy(const std::string& op) const {
+  if (!hasOpPolicies()) return OpPolicy::Default;
+  std::string base = op.substr(0, op.find('.'));
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = policies_.find(base);
+  if (it == policies_.end() && base.size() > 1 && base.back() == '_') {
+    it = policies_.find(base.substr(0, base.size() - 1));  // exp_ follows exp
+  }
+  return it == policies_.end() ? OpPolicy::Default : it->second;
+}
+
+std::map<std::string, OpPolicy> FallbackPolicy::opPolicies() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {policies_.begin(), policies_.end()};
+}
+
+void FallbackPolicy::clearOpPolicies() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  policies_.clear();
+  has_policies_ = false;
+}
+
+void FallbackPolicy::record(const std::string& op, FallbackReason reason, int64_t ns, int64_t to_cpu,
+                            int64_t to_npu) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& s = stats_[op];
+  s.count++;
+  if (reason == FallbackReason::KernelError) s.kernel_error_retries++;
+  s.nanoseconds += ns;
+  s.bytes_to_cpu += to_cpu;
+  s.bytes_to_npu += to_npu;
+}
+
+std::map<std::string, OpFallbackStats> FallbackPolicy::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void FallbackPolicy::resetStats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.clear();
+}
+
+void FallbackPolicy::setLogger(Logger logger) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  logger_ = std::move(logger);
+}
+
+void FallbackPolicy::log(const std::string& line) const {
+  Logger logger;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    logger = logger_;
+  }
+  if (logger) logger(line);
+}
+
+bool FallbackPolicy::firstWarning(const std::string& op) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return warned_.emplace(op, true).second;
+}
+
+void FallbackPolicy::resetWarnings() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  warned_.clear();
+}
+
+// ---- names -------------------------------------------------------------------
+
+std::pair<std::string, std::string> canonicalOpName(const std::string& raw) {
+  std::string name = trim(raw);
+  std::string ns = "aten";
+  std::string overload;
+  if (startsWith(name, "torch.ops.")) {
+    // torch.ops.<ns>.<op>[.<overload>]
+    std::vector<std::string> parts;
+    std::stringstream in(name.substr(10));
+    std::string part;
+    while (std::getline(in, part, '.')) parts.push_back(part);
+    TORCH_CHECK(parts.size() >= 2, "'", raw, "' is not an operator name; expected e.g. torch.ops.aten.exp");
+    ns = parts[0];
+    name = parts[1];
+    if (parts.size() >= 3 && parts[2] != "default") overload = parts[2];
+    return {ns + "::" + name, overload};
+  }
+  for (const char* prefix : {"torch.Tensor.", "torch.nn.functional.", "torch.special.", "torch.linalg.",
+                             "torch.", "Tensor.", "F."}) {
+    if (startsWith(name, prefix)) {
+      name = name.substr(std::string(prefix).size());
+      break;
+    }
+  }
+  const auto colons = name.find("::");
+  if (colons != std::string::npos) {
+    ns = name.substr(0, colons);
+    name = name.substr(colons + 2);
+  }
+  const auto dot = name.find('.');
+  if (dot != std::string::npos) {
+    overload = name.substr(dot + 1);
+    name = name.substr(0, dot);
+    if (overload == "default") overload.clear();
+  }
+  TORCH_CHECK(!name.empty(), "'", raw, "' is not an operator name; expected e.g. 'exp', 'torch.exp' or 'aten::exp'");
+  return {ns + "::" + name, overload};
+}
+
+std::string displayName(const c10::OperatorHandle& op) {
+  const auto& name = op.operator_name();
+  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+}
+
+// ---- the fallback ------------------------------------------------------------
+
+void checkFallbackAllowed(const c10::OperatorHandle& op, const torch::jit::Stack& stack, FallbackReason reason) {
+  auto& policy = FallbackPolicy::instance();
+  const auto& schema = op.schema();
+  const std::string& base = schema.name();
+  const OpPolicy op_policy = policy.opPolicy(base);
+  const bool allowed = op_policy == OpPolicy::Cpu || reason == FallbackReason::KernelError ||
+                       (op_policy != OpPolicy::Npu && policy.mode() != FallbackMode::Error);
+  if (!allowed) raiseNotSupported(op, stack, reason, op_policy);
+
+  for (const auto& ret : schema.returns()) {
+    TORCH_CHECK(ret.alias_info() == nullptr || ret.alias_info()->isWrite(), "Operator '", displayName(op),
+                "' is a view op without an npu kernel; a view cannot fall back to the CPU because its storage "
+                "cannot be shared across devices. Call .cpu() on its input first.");
+  }
+  if (policy.mode() == FallbackMode::Warn && policy.firstWarning(base)) {
+    TORCH_WARN("Operator '", displayName(op), "' is not supported on npu",
+               reason == FallbackReason::Dtype ? " for these dtypes" : "", " and runs on the CPU (a slow round trip; "
+               "see torch_npu.NPUFallbackMode.get_fallback_stats()). This warning is shown once per op.");
+  }
+  switch (reason) {
+    case FallbackReason::NoKernel: policy.log(kernelName(base) + " not registered, fallback to CPU"); break;
+    case FallbackReason::Dtype: policy.log(kernelName(base) + " does not support these dtypes, fallback to CPU"); break;
+    case FallbackReason::Policy: policy.log(kernelName(base) + " forced to CPU by op policy, fallback to CPU"); break;
+    case FallbackReason::KernelError: policy.log(kernelName(base) + " raised an error, retrying on CPU"); break;
+  }
+}
+
+void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, FallbackReason reason) {
+  checkFallbackAllowed(op, *stack, reason);
+  auto& policy = FallbackPolicy::instance();
+  const auto& schema = op.schema();
+
+  const auto start = std::chrono::steady_clock::now();
+  int64_t to_cpu = 0;
+  int64_t to_npu = 0;
+  const auto& args = schema.arguments();
+  const size_t begin = stack->size() - args.size();
+  std::optional<c10::Device> target;
+  auto note_device = [&](const at::Tensor& t) {
+    if (!target && t.defined() && t.device().type() == kNPU) target = t.device();
+  };
+
+  // Inputs to the host; remember those the op writes to (in-place, out=).
+  struct Written {
+    at::Tensor npu_tensor;
+    at::Tensor host_tensor;
+  };
+  std::vector<Written> written;
+  std::vector<c10::IValue> originals(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    c10::IValue& v = (*stack)[begin + i];
+    const bool writes = args[i].alias_info() != nullptr && args[i].alias_info()->isWrite();
+    originals[i] = v;
+    if (v.isTensor()) {
+      const at::Tensor t = v.toTensor();
+      note_device(t);
+      at::Tensor host = toHost(t, &to_cpu);
+      if (writes && t.defined() && t.device().type() == kNPU) written.push_back({t, host});
+      v = host;
+    } else if (v.isTensorList()) {
+      std::vector<at::Tensor> hosts;
+      for (const at::Tensor& t : v.toTensorVector()) {
+        note_device(t);
+        hosts.push_back(toHost(t, &to_cpu));
+        if (writes && t.defined() && t.device().type() == kNPU) written.push_back({t, hosts.back()});
+      }
+      v = c10::List<at::Tensor>(hosts);
+    } else if (v.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> hosts;
+      for (const std::optional<at::Tensor>& t : v.toOptionalTensorVector()) {
+        if (t.has_value()) note_device(*t);
+        hosts.push_back(t.has_value() ? std::optional<at::Tensor>(toHost(*t, &to_cpu)) : std::nullopt);
+      }
+      v = hosts;
+    } else if (v.isDevice() && v.toDevice().type() == kNPU) {
+      if (!target) target = c10::Device(kNPU, resolveDevice(v.toDevice().index()));
+      v = c10::Device(c10::kCPU);
+    } else if (v.isGenerator() && v.toGenerator().device().type() == kNPU) {
+      v = engineFor(v.toGenerator(), v.toGenerator().device().index());
+    }
+  }
+  if (!target) target = c10::Device(kNPU, currentDevice());
+
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+
+  for (auto& w : written) {
+    if (w.npu_tensor.sizes() != w.host_tensor.sizes()) w.npu_tensor.resize_(w.host_tensor.sizes());
+    copyTensor(w.npu_tensor, w.host_tensor, false);
+    to_npu += static_cast<int64_t>(w.host_tensor.numel() * w.host_tensor.itemsize());
+  }
+
+  // Outputs: a written argument goes back as the original npu tensor; anything
+  // new moves to the npu device of the inputs.
+  const auto& returns = schema.returns();
+  const size_t returns_begin = stack->size() - returns.size();
+  auto to_device = [&](const at::Tensor& t) {
+    if (!t.defined() || t.device().type() == kNPU) return t;
+    to_npu += static_cast<int64_t>(t.numel() * t.itemsize());
+    return t.to(*target);
+  };
+  for (size_t r = 0; r < returns.size(); ++r) {
+    c10::IValue& v = (*stack)[returns_begin + r];
+    const auto* alias = returns[r].alias_info();
+    if (alias != nullptr && alias->isWrite()) {
+      for (size_t i = 0; i < args.size(); ++i) {
+        if (sameAlias(alias, args[i].alias_info())) {
+          v = originals[i];
+          break;
+        }
+      }
+    } else if (v.isTensor()) {
+      v = to_device(v.toTensor());
+    } else if (v.isTensorList()) {
+      std::vector<at::Tensor> moved;
+      for (const at::Tensor& t : v.toTensorVector()) moved.push_back(to_device(t));
+      v = c10::List<at::Tensor>(moved);
+    }
+  }
+  const auto ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  policy.record(displayName(op), reason, ns, to_cpu, to_npu);
+}
+
+namespace {
+void fallbackForMissingKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  cpuFallback(op, stack, FallbackReason::NoKernel);
+}
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallbackForMissingKernel>());
+}
+
+}  // namespace npu::dispatch

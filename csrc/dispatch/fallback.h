@@ -1,0 +1,99 @@
+// The CPU fallback you control: every aten op without a native npu kernel (or
+// with one that does not support the inputs' dtypes, or that a policy sends to
+// the cpu) runs here: synchronise, copy inputs to the host, run the CPU kernel,
+// copy results back, count it. The mode, per-op policies and statistics live
+// here; torch_npu's Python only exposes them.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace npu::dispatch {
+
+enum class FallbackMode { Auto, Warn, Error };
+// Per op: Default follows the mode; Cpu forces the CPU path even when a native
+// kernel exists; Npu forbids the fallback (error when there is no native kernel).
+enum class OpPolicy { Default, Cpu, Npu };
+
+// Why an op takes the fallback path.
+enum class FallbackReason { NoKernel, Dtype, Policy, KernelError };
+
+struct OpFallbackStats {
+  int64_t count = 0;
+  int64_t kernel_error_retries = 0;  // of count: native kernel raised, retried on cpu
+  int64_t nanoseconds = 0;
+  int64_t bytes_to_cpu = 0;
+  int64_t bytes_to_npu = 0;
+};
+
+class FallbackPolicy {
+ public:
+  static FallbackPolicy& instance();
+
+  FallbackMode mode() const { return mode_.load(std::memory_order_relaxed); }
+  void setMode(FallbackMode mode) { mode_.store(mode, std::memory_order_relaxed); }
+  bool retryOnKernelError() const { return retry_on_error_.load(std::memory_order_relaxed); }
+  void setRetryOnKernelError(bool on) { retry_on_error_.store(on, std::memory_order_relaxed); }
+
+  // `op` is a canonical name without overload ("aten::exp"); it also covers the
+  // in-place variant ("aten::exp_").
+  void setOpPolicy(const std::string& op, OpPolicy policy);
+  OpPolicy opPolicy(const std::string& op_with_or_without_overload) const;
+  std::map<std::string, OpPolicy> opPolicies() const;
+  void clearOpPolicies();
+  bool hasOpPolicies() const { return has_policies_.load(std::memory_order_relaxed); }
+
+  void record(const std::string& op, FallbackReason reason, int64_t ns, int64_t to_cpu, int64_t to_npu);
+  std::map<std::string, OpFallbackStats> stats() const;
+  void resetStats();
+
+  // Called with a line for each fallback; Python's logging sits behind it.
+  using Logger = std::function<void(const std::string&)>;
+  void setLogger(Logger logger);
+  void log(const std::string& line) const;
+
+  // A complaint about NPU_FALLBACK_MODE / NPU_FALLBACK_OPS, or "" (checked at import).
+  const std::string& environmentError() const { return env_error_; }
+
+  // Warn mode: true the first time an op falls back (and until resetWarnings).
+  bool firstWarning(const std::string& op);
+  void resetWarnings();
+
+ private:
+  FallbackPolicy();
+  std::atomic<FallbackMode> mode_{FallbackMode::Auto};
+  std::atomic<bool> retry_on_error_{false};
+  std::atomic<bool> has_policies_{false};
+  mutable std::mutex mutex_;
+  std::unordered_map<std::string, OpPolicy> policies_;
+  std::map<std::string, OpFallbackStats> stats_;
+  std::unordered_map<std::string, bool> warned_;
+  Logger logger_;
+  std::string env_error_;
+};
+
+// "exp", "torch.exp", "aten::exp", "aten::exp.out", "torch.ops.aten.exp.default",
+// "Tensor.exp_" -> {"aten::exp", overload} (overload "" when not given).
+std::pair<std::string, std::string> canonicalOpName(const std::string& name);
+
+// Runs `op` on the CPU with the stack's npu tensors copied to the host, per the
+// mode and policies. Raises for mode "error" or an op policy "npu".
+void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, FallbackReason reason);
+
+// The checks cpuFallback() makes before it runs `op` on the CPU: raises for
+// mode "error" or an op policy "npu"; warns (mode "warn") and logs. For
+// kernels that fall back by hand (convolution has no CPU kernel of its own name).
+void checkFallbackAllowed(const c10::OperatorHandle& op, const torch::jit::Stack& stack, FallbackReason reason);
+
+// "aten::add.Tensor": the name error messages use.
+std::string displayName(const c10::OperatorHandle& op);
+
+}  // namespace npu::dispatch

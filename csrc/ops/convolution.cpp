@@ -1,0 +1,103 @@
+// Convolution on the npu. PyTorch sends convolution on PrivateUse1 to
+// convolution_overrideable and convolution_backward_overrideable; there is no
+// CPU kernel of those names, so these kernels call ATen's convolution on npu
+// memory themselves (and fall back by hand for dtypes the npu lacks).
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/convolution_backward.h>
+#include <torch/library.h>
+
+#include <chrono>
+
+#include "../dispatch/fallback.h"
+#include "host_execution.h"
+#include "native_kernel.h"
+
+namespace npu::ops {
+namespace {
+
+using dispatch::FallbackReason;
+
+bool supported(const at::Tensor& t) { return !t.defined() || floatingTypes().contains(t.scalar_type()); }
+
+at::Tensor host(const at::Tensor& t, int64_t* bytes) {
+  if (!t.defined()) return t;
+  *bytes += static_cast<int64_t>(t.numel() * t.itemsize());
+  return t.cpu();
+}
+
+// Runs `compute` on host copies after the fallback checks, and records it.
+template <typename Compute>
+auto fallBackByHand(const char* name, torch::jit::Stack stack, Compute compute) {
+  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+  dispatch::checkFallbackAllowed(op, stack, FallbackReason::Dtype);
+  const auto start = std::chrono::steady_clock::now();
+  int64_t to_cpu = 0;
+  int64_t to_npu = 0;
+  auto result = compute(&to_cpu, &to_npu);
+  const auto ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  dispatch::FallbackPolicy::instance().record(dispatch::displayName(op), FallbackReason::Dtype, ns, to_cpu, to_npu);
+  return result;
+}
+
+at::Tensor back(const at::Tensor& t, c10::Device device, int64_t* bytes) {
+  if (!t.defined()) return t;
+  *bytes += static_cast<int64_t>(t.numel() * t.itemsize());
+  return t.to(device);
+}
+
+at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                       c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                       bool transposed, c10::IntArrayRef output_padding, int64_t groups) {
+  const at::Tensor bias_t = bias.value_or(at::Tensor());
+  if (!supported(input) || !supported(weight) || !supported(bias_t)) {
+    torch::jit::Stack stack;
+    torch::jit::push(stack, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups);
+    return fallBackByHand("aten::convolution_overrideable", std::move(stack), [&](int64_t* to_cpu, int64_t* to_npu) {
+      auto out = at::convolution(host(input, to_cpu), host(weight, to_cpu), host(bias_t, to_cpu), stride, padding,
+                                 dilation, transposed, output_padding, groups);
+      return back(out, input.device(), to_npu);
+    });
+  }
+  HostExecution exec(input.device());
+  auto out = at::convolution(exec.alias(input), exec.alias(weight), exec.alias(bias_t), stride, padding, dilation,
+                             transposed, output_padding, groups);
+  return exec.toNpu(out);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
+    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef output_padding,
+    int64_t groups, std::array<bool, 3> output_mask) {
+  // The bias gradient's size: output channels.
+  std::vector<int64_t> bias_sizes{transposed ? weight.size(1) * groups : weight.size(0)};
+  const auto bias_arg = output_mask[2] ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef();
+  if (!supported(grad_output) || !supported(input) || !supported(weight)) {
+    torch::jit::Stack stack;
+    torch::jit::push(stack, grad_output, input, weight, stride, padding, dilation, transposed, output_padding, groups,
+                     output_mask);
+    return fallBackByHand("aten::convolution_backward_overrideable", std::move(stack),
+                          [&](int64_t* to_cpu, int64_t* to_npu) {
+                            auto [gi, gw, gb] = at::convolution_backward(
+                                host(grad_output, to_cpu), host(input, to_cpu), host(weight, to_cpu), bias_arg, stride,
+                                padding, dilation, transposed, output_padding, groups, output_mask);
+                            const auto d = input.device();
+                            return std::make_tuple(back(gi, d, to_npu), back(gw, d, to_npu), back(gb, d, to_npu));
+                          });
+  }
+  HostExecution exec(input.device());
+  auto [gi, gw, gb] = at::convolution_backward(exec.alias(grad_output), exec.alias(input), exec.alias(weight), bias_arg,
+                                               stride, padding, dilation, transposed, output_padding, groups,
+                                               output_mask);
+  return {exec.toNpu(gi), exec.toNpu(gw), exec.toNpu(gb)};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("convolution_overrideable", TORCH_FN(convolution));
+  m.impl("convolution_backward_overrideable", TORCH_FN(convolutionBackward));
+}
+
+}  // namespace npu::ops

@@ -1,0 +1,157 @@
+#include "host_execution.h"
+
+#include <ATen/EmptyTensor.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/TensorImpl.h>
+
+#include "../core/allocator.h"
+#include "../core/device.h"
+#include "../core/stream.h"
+
+namespace npu::ops {
+
+namespace {
+
+thread_local c10::DeviceIndex t_redirect_device = -1;
+
+// The process's CPU allocator, wrapped: inside a HostExecution it serves npu
+// memory (a DataPtr that says cpu, for the CPU kernel), elsewhere it forwards.
+class HostAllocatorRedirect final : public c10::Allocator {
+ public:
+  explicit HostAllocatorRedirect(c10::Allocator* host) : host_(host) {}
+
+  c10::DataPtr allocate(std::size_t n) override {
+    if (t_redirect_device < 0) return host_->allocate(n);
+    c10::DataPtr ptr = npuAllocator()->allocate(n);
+    ptr.unsafe_set_device(c10::Device(c10::kCPU));
+    return ptr;
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &rawDelete; }
+  void copy_data(void* dst, const void* src, std::size_t count) const override {
+    default_copy_data(dst, src, count);
+  }
+
+  static HostAllocatorRedirect* instance;
+
+ private:
+  static void rawDelete(void* ptr) {
+    if (allocator::deviceOf(ptr) >= 0) {
+      npuAllocator()->raw_deleter()(ptr);
+    } else if (auto deleter = instance->host_->raw_deleter()) {
+      deleter(ptr);
+    }
+  }
+  c10::Allocator* host_;
+};
+
+HostAllocatorRedirect* HostAllocatorRedirect::instance = nullptr;
+
+bool isNpuMemory(const c10::DataPtr& ptr) { return ptr.get_deleter() == npuAllocator()->raw_deleter(); }
+
+}  // namespace
+
+void installHostAllocatorRedirect() {
+  if (HostAllocatorRedirect::instance != nullptr) return;
+  HostAllocatorRedirect::instance = new HostAllocatorRedirect(c10::GetCPUAllocator());
+  c10::SetCPUAllocator(HostAllocatorRedirect::instance, /*priority=*/1);
+  TORCH_CHECK(c10::GetCPUAllocator() == HostAllocatorRedirect::instance,
+              "torch_npu could not install its CPU allocator wrapper (another library replaced the CPU allocator "
+              "with a higher priority); npu kernels cannot allocate their outputs");
+}
+
+HostExecution::HostExecution(c10::Device device)
+    : device_(device), guard_(device), previous_redirect_(t_redirect_device) {
+  synchronizeStream(currentStream(device.index()), "an npu kernel that runs on the host thread");
+  t_redirect_device = device.index();
+}
+
+HostExecution::~HostExecution() { t_redirect_device = previous_redirect_; }
+
+at::Tensor HostExecution::alias(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() != kNPU) return t;
+  TORCH_CHECK(t.device() == device_, "Expected all tensors to be on the same device, but found at least two "
+              "devices, ", device_, " and ", t.device(), "! Move them with .to('", device_, "') first.");
+  const auto* storage = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  c10::Storage alias_storage(c10::Storage::use_byte_size_t(), storage->nbytes(),
+                             c10::DataPtr(const_cast<void*>(storage->data()), c10::Device(c10::kCPU)),
+                             c10::GetCPUAllocator(), /*resizable=*/storage->resizable());
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(alias_storage),
+                                                   c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  at::Tensor alias(std::move(impl));
+  originals_.emplace(alias.unsafeGetTensorImpl(), t);
+  if (storage->data() != nullptr) by_memory_.emplace(storage->data(), t);
+  return alias;
+}
+
+at::Tensor HostExecution::viewOf(const at::Tensor& npu_base, const at::Tensor& result) {
+  auto view = at::detail::make_tensor<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(npu_base.storage()),
+                                                       c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                       result.dtype());
+  view.unsafeGetTensorImpl()->set_sizes_and_strides(result.sizes(), result.strides(), result.storage_offset());
+  return view;
+}
+
+at::Tensor HostExecution::toNpu(const at::Tensor& result) {
+  if (!result.defined() || result.device().type() == kNPU) return result;
+  if (auto it = originals_.find(result.unsafeGetTensorImpl()); it != originals_.end()) return it->second;
+  auto* host_storage = result.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  if (auto it = by_memory_.find(host_storage->data()); it != by_memory_.end() && host_storage->data() != nullptr) {
+    return viewOf(it->second, result);  // a view of an input
+  }
+  if (auto it = adopted_.find(host_storage); it != adopted_.end()) {
+    at::Tensor base = at::detail::make_tensor<c10::TensorImpl>(
+        c10::Storage(it->second), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), result.dtype());
+    base.unsafeGetTensorImpl()->set_sizes_and_strides(result.sizes(), result.strides(), result.storage_offset());
+    return base;
+  }
+  if (isNpuMemory(host_storage->data_ptr()) || host_storage->nbytes() == 0) {
+    // Written by the kernel into npu memory: hand the memory over, no copy.
+    c10::DataPtr memory = host_storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
+    memory.unsafe_set_device(device_);
+    c10::Storage storage(c10::Storage::use_byte_size_t(), host_storage->nbytes(), std::move(memory),
+                         npuAllocator(), /*resizable=*/true);
+    // The host tensor keeps pointing at the memory (it may be returned twice).
+    host_storage->set_data_ptr_noswap(c10::DataPtr(storage.mutable_data(), c10::Device(c10::kCPU)));
+    adopted_.emplace(host_storage, storage);
+    at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
+        std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), result.dtype());
+    out.unsafeGetTensorImpl()->set_sizes_and_strides(result.sizes(), result.strides(), result.storage_offset());
+    return out;
+  }
+  // Memory the kernel got elsewhere (a constant, another thread's allocation): copy.
+  at::Tensor out = at::detail::empty_strided_generic(result.sizes(), result.strides(), npuAllocator(),
+                                                     c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                     result.scalar_type());
+  alias(out).copy_(result);
+  return out;
+}
+
+void HostExecution::syncBack(const at::Tensor& npu_tensor) {
+  if (!npu_tensor.defined() || npu_tensor.device().type() != kNPU) return;
+  at::Tensor host;
+  for (const auto& [impl, original] : originals_) {
+    if (original.unsafeGetTensorImpl() == npu_tensor.unsafeGetTensorImpl()) {
+      host = at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(const_cast<c10::TensorImpl*>(impl)));
+      break;
+    }
+  }
+  if (!host.defined()) return;
+  auto* npu_impl = npu_tensor.unsafeGetTensorImpl();
+  auto* npu_storage = npu_impl->unsafe_storage().unsafeGetStorageImpl();
+  auto* host_storage = host.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  if (host_storage->data() != npu_storage->data() || host_storage->nbytes() != npu_storage->nbytes()) {
+    // The kernel resized the output: its new memory came from the npu pool.
+    TORCH_INTERNAL_ASSERT(isNpuMemory(host_storage->data_ptr()) || host_storage->nbytes() == 0);
+    c10::DataPtr memory = host_storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
+    memory.unsafe_set_device(device_);
+    npu_storage->set_data_ptr_noswap(std::move(memory));
+    npu_storage->set_nbytes(host_storage->nbytes());
+  }
+  if (npu_tensor.sizes() != host.sizes() || npu_tensor.strides() != host.strides() ||
+      npu_tensor.storage_offset() != host.storage_offset()) {
+    npu_impl->set_sizes_and_strides(host.sizes(), host.strides(), host.storage_offset());
+  }
+}
+
+}  // namespace npu::ops

@@ -1,0 +1,53 @@
+// Running an ATen CPU kernel on npu memory from the caller's thread.
+//
+// The emulated NPU computes with ATen's CPU kernels on CPU tensors that alias
+// device memory (core/launch.h). Kernels whose outputs are only known once they
+// ran (shapes from data, new tensors) run here, in stream order: the stream is
+// drained first, and while a HostExecution is alive every CPU allocation on
+// this thread is served from the npu caching allocator, so the kernel writes
+// its outputs straight into device memory; toNpu() then adopts them as npu
+// tensors without a copy.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/DeviceGuard.h>
+
+#include <unordered_map>
+
+namespace npu::ops {
+
+// Installs the CPU allocator that can redirect to npu memory (at module init).
+void installHostAllocatorRedirect();
+
+class HostExecution {
+ public:
+  // Waits for the current stream of `device` (raising an earlier kernel's error).
+  explicit HostExecution(c10::Device device);
+  ~HostExecution();
+  HostExecution(const HostExecution&) = delete;
+  HostExecution& operator=(const HostExecution&) = delete;
+
+  // A CPU alias of the npu tensor `t` whose storage the kernel may resize (out=).
+  at::Tensor alias(const at::Tensor& t);
+  // The npu tensor for a CPU result of the kernel: the original npu tensor for
+  // an alias made here, an npu view for a view of one, the adopted memory for a
+  // new result, or (rarely, for memory from elsewhere) a copy.
+  at::Tensor toNpu(const at::Tensor& result);
+  // After the kernel: an out= argument that the kernel resized or restrided
+  // gets the alias's new memory and geometry.
+  void syncBack(const at::Tensor& npu_tensor);
+
+  c10::Device device() const { return device_; }
+
+ private:
+  at::Tensor viewOf(const at::Tensor& npu_base, const at::Tensor& result);
+
+  c10::Device device_;
+  c10::DeviceGuard guard_;
+  c10::DeviceIndex previous_redirect_;
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> originals_;      // alias impl -> npu tensor
+  std::unordered_map<const void*, at::Tensor> by_memory_;                  // storage base -> npu tensor
+  std::unordered_map<const c10::StorageImpl*, c10::Storage> adopted_;     // host storage -> npu storage
+};
+
+}  // namespace npu::ops

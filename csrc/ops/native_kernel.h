@@ -1,0 +1,73 @@
+// The op library's native kernel: one boxed kernel serves every aten op the
+// library lists, by running ATen's CPU kernel on npu memory. In-place ops are
+// queued on the current stream (asynchronous); ops that create tensors run in
+// stream order on the caller's thread (host_execution.h). Each op declares the
+// dtypes it supports; other dtypes, and ops a policy sends to the cpu, take the
+// CPU fallback (dispatch/fallback.h).
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/ScalarType.h>
+
+#include <atomic>
+#include <cstdint>
+#include <initializer_list>
+#include <mutex>
+#include <string>
+
+namespace npu::ops {
+
+// A set of ScalarTypes, as a bit mask.
+class DtypeSet {
+ public:
+  constexpr DtypeSet() = default;
+  DtypeSet(std::initializer_list<c10::ScalarType> types) {
+    for (auto t : types) bits_ |= bit(t);
+  }
+  bool contains(c10::ScalarType t) const { return (bits_ & bit(t)) != 0; }
+  DtypeSet operator|(DtypeSet other) const {
+    DtypeSet out;
+    out.bits_ = bits_ | other.bits_;
+    return out;
+  }
+  std::string toString() const;
+
+ private:
+  static uint64_t bit(c10::ScalarType t) { return uint64_t(1) << static_cast<int>(t); }
+  uint64_t bits_ = 0;
+};
+
+// float32, float16, bfloat16 (no float64, no complex).
+DtypeSet floatingTypes();
+// The integer types and bool.
+DtypeSet integralTypes();
+
+class NativeKernel final : public c10::OperatorKernel {
+ public:
+  explicit NativeKernel(DtypeSet dtypes) : dtypes_(dtypes) {}
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+
+ private:
+  struct Traits {
+    bool is_view = false;      // returns an alias of an input (no compute)
+    bool in_place = false;     // writes only to its arguments, no out=: can be queued
+    bool has_generator = false;
+  };
+  const Traits& traits(const c10::OperatorHandle& op);
+  bool accepts(c10::ScalarType type) const;
+  bool supportsDtypes(const c10::OperatorHandle& op, const torch::jit::Stack& stack) const;
+  void runQueued(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+  void runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+  const DtypeSet dtypes_;
+  std::once_flag analysed_;
+  Traits traits_;
+};
+
+// Registers the op library (op_library.cpp) for the PrivateUse1 key.
+void registerOpLibrary();
+// The library's op names that matched no operator with a CPU kernel.
+const std::vector<std::string>& unmatchedLibraryNames();
+
+}  // namespace npu::ops

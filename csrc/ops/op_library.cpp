@@ -1,0 +1,150 @@
+// The npu op library: which aten ops have native npu kernels, and for which
+// dtypes. Each name covers all its overloads (Tensor, Scalar, out, ...) and
+// its in-place variant ("add" also registers "add_"), as long as PyTorch has a
+// CPU (or CompositeExplicitAutograd) kernel for it: that kernel is what runs on
+// npu memory. Ops PyTorch decomposes (CompositeImplicitAutograd) are left to
+// the decomposition, so autograd keeps working through them.
+#include <torch/library.h>
+
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "native_kernel.h"
+
+namespace npu::ops {
+namespace {
+
+struct LibraryEntry {
+  const char* name;
+  DtypeSet dtypes;
+};
+
+std::vector<LibraryEntry> libraryEntries() {
+  const DtypeSet all = floatingTypes() | integralTypes();
+  const DtypeSet floating = floatingTypes();
+  std::vector<LibraryEntry> entries;
+  auto add = [&](DtypeSet dtypes, std::initializer_list<const char*> names) {
+    for (const char* name : names) entries.push_back({name, dtypes});
+  };
+  // Elementwise math, comparisons, logic.
+  add(all, {"add", "sub", "mul", "div", "pow", "neg", "abs", "sign", "sgn", "remainder", "fmod", "floor_divide",
+            "clamp", "clamp_min", "clamp_max", "maximum", "minimum", "fmax", "fmin", "eq", "ne", "lt", "le", "gt",
+            "ge", "logical_and", "logical_or", "logical_not", "logical_xor", "bitwise_and", "bitwise_or",
+            "bitwise_xor", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift", "where", "masked_fill",
+            "masked_scatter", "masked_select", "nonzero", "isnan", "isinf", "isposinf", "isneginf", "signbit",
+            "floor", "ceil", "round", "trunc", "relu", "threshold", "threshold_backward", "hypot", "copysign",
+            "square"});
+  add(floating, {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "reciprocal", "sin",
+                 "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "tanh",
+                 "sigmoid", "erf", "erfc", "erfinv", "frac", "lgamma", "digamma", "gelu", "gelu_backward", "silu",
+                 "silu_backward", "sigmoid_backward", "tanh_backward", "hardtanh", "hardtanh_backward",
+                 "leaky_relu", "leaky_relu_backward", "elu", "elu_backward", "softplus", "softplus_backward",
+                 "hardswish", "hardswish_backward", "hardsigmoid", "hardsigmoid_backward", "mish",
+                 "mish_backward", "logit", "logit_backward", "nan_to_num", "xlogy", "lerp", "addcmul", "addcdiv",
+                 "glu", "glu_backward", "log_sigmoid_forward", "log_sigmoid_backward", "rrelu_with_noise",
+                 "prelu", "_prelu_kernel", "_prelu_kernel_backward", "softshrink", "hardshrink"});
+  // Reductions, scans, sorting.
+  add(all, {"sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin", "prod", "any", "all", "cumsum",
+            "cumprod", "sort", "topk", "kthvalue", "median", "nanmedian", "mode", "count_nonzero", "aminmax",
+            "_unique2", "unique_dim", "unique_consecutive", "bincount", "histc", "searchsorted", "bucketize",
+            "cummax", "cummin", "_cummax_helper", "_cummin_helper", "nansum", "equal", "logcumsumexp"});
+  add(floating, {"var", "std", "var_mean", "std_mean", "norm", "linalg_vector_norm", "logsumexp",
+                 "_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data"});
+  // Linear algebra.
+  add(floating, {"mm", "bmm", "addmm", "addmv", "addbmm", "baddbmm", "mv", "dot", "vdot", "addr", "_addmm_activation",
+                 "linalg_cross", "_cdist_forward", "_cdist_backward", "_pdist_forward", "tril_indices",
+                 "triu_indices"});
+  // Convolution helpers, pooling, upsampling, padding.
+  add(floating, {"max_pool2d_with_indices", "max_pool2d_with_indices_backward", "max_pool3d_with_indices",
+                 "max_pool3d_with_indices_backward", "avg_pool2d", "avg_pool2d_backward", "avg_pool3d",
+                 "avg_pool3d_backward", "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward",
+                 "adaptive_max_pool2d", "adaptive_max_pool2d_backward", "_adaptive_avg_pool3d",
+                 "_adaptive_avg_pool3d_backward", "upsample_nearest1d", "upsample_nearest2d",
+                 "upsample_nearest1d_backward", "upsample_nearest2d_backward", "upsample_bilinear2d",
+                 "upsample_bilinear2d_backward", "upsample_linear1d", "upsample_linear1d_backward",
+                 "upsample_bicubic2d", "upsample_bicubic2d_backward", "reflection_pad1d", "reflection_pad2d",
+                 "reflection_pad1d_backward", "reflection_pad2d_backward", "replication_pad1d",
+                 "replication_pad2d", "replication_pad1d_backward", "replication_pad2d_backward", "im2col",
+                 "col2im", "grid_sampler_2d", "grid_sampler_2d_backward", "pixel_shuffle", "pixel_unshuffle",
+                 "channel_shuffle"});
+  // Normalisation, dropout, embedding, losses.
+  add(floating, {"native_layer_norm", "native_layer_norm_backward", "native_batch_norm",
+                 "native_batch_norm_backward", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
+                 "batch_norm_update_stats", "native_group_norm", "native_group_norm_backward", "_fused_rms_norm",
+                 "_fused_rms_norm_backward", "native_dropout", "native_dropout_backward", "bernoulli",
+                 "embedding_dense_backward", "_embedding_bag", "_embedding_bag_forward_only",
+                 "_embedding_bag_backward", "_embedding_bag_dense_backward", "nll_loss_forward", "nll_loss_backward",
+                 "nll_loss2d_forward", "nll_loss2d_backward", "mse_loss", "mse_loss_backward", "smooth_l1_loss",
+                 "smooth_l1_loss_backward", "huber_loss", "huber_loss_backward", "binary_cross_entropy",
+                 "binary_cross_entropy_backward", "soft_margin_loss", "soft_margin_loss_backward",
+                 "multilabel_margin_loss_forward", "multi_margin_loss", "_ctc_loss", "_ctc_loss_backward",
+                 "_scaled_dot_product_flash_attention_for_cpu",
+                 "_scaled_dot_product_flash_attention_for_cpu_backward", "multinomial", "normal", "poisson",
+                 "_standard_gamma", "_dirichlet_grad", "_sample_dirichlet"});
+  // Indexing, shape and creation.
+  add(all, {"cat", "index", "_index_put_impl", "index_put", "index_select", "gather", "scatter", "scatter_add",
+            "scatter_reduce", "index_add", "index_copy", "index_fill", "index_reduce", "take", "put", "flip",
+            "roll", "tril", "triu", "diag_embed", "repeat_interleave", "unfold", "unfold_backward", "arange",
+            "linspace", "logspace", "eye", "randperm", "embedding", "one_hot", 
+            "constant_pad_nd", "polar", "max_unpool2d", "histogram", "_histogramdd_from_bin_cts",
+            "_histogramdd_bin_edges", "_embedding_bag_per_sample_weights_backward", "segment_reduce",
+            "_segment_reduce_backward", "renorm", "trace", "diff", "cross", "_pad_packed_sequence",
+            "_pack_padded_sequence", "isin", "_assert_async"});
+  // Optimisers (torch.optim's foreach paths, GradScaler).
+  add(all, {"_foreach_add", "_foreach_sub", "_foreach_mul", "_foreach_div", "_foreach_addcmul", "_foreach_addcdiv",
+            "_foreach_sqrt", "_foreach_lerp", "_foreach_norm", "_foreach_maximum", "_foreach_minimum",
+            "_foreach_neg", "_foreach_zero", "_foreach_copy", "_foreach_pow", "_foreach_abs", "_foreach_exp",
+            "_foreach_reciprocal", "_foreach_sign", "_foreach_clamp_min", "_foreach_clamp_max", "_foreach_rsqrt",
+            "_amp_foreach_non_finite_check_and_unscale", "_amp_update_scale",
+            "_fused_adam", "_fused_adamw", "_fused_sgd"});
+  return entries;
+}
+
+std::vector<std::string>& unmatched() {
+  static std::vector<std::string> names;
+  return names;
+}
+
+bool hasCpuKernel(const c10::OperatorHandle& op) {
+  return (op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+          op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+          op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) &&
+         !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+}
+
+}  // namespace
+
+void registerOpLibrary() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Kept alive for the process: a torch::Library deregisters on destruction.
+    static auto* library = new torch::Library(torch::Library::IMPL, "aten",
+                                               c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    std::map<std::string, std::vector<c10::OperatorName>> overloads;  // "aten::add" -> all overloads
+    for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) overloads[name.name].push_back(name);
+    std::set<std::string> done;
+    for (const auto& entry : libraryEntries()) {
+      bool matched = false;
+      const std::string base = std::string("aten::") + entry.name;
+      for (const std::string& variant : {base, base + "_"}) {
+        if (!done.insert(variant).second) continue;
+        auto it = overloads.find(variant);
+        if (it == overloads.end()) continue;
+        for (const auto& name : it->second) {
+          auto op = c10::Dispatcher::singleton().findSchema(name);
+          if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) || !hasCpuKernel(*op)) continue;
+          const std::string full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+          library->impl(full.c_str() + 6,  // without "aten::"
+                        torch::CppFunction::makeFromBoxedFunctor(std::make_unique<NativeKernel>(entry.dtypes)));
+          matched = true;
+        }
+      }
+      if (!matched) unmatched().push_back(entry.name);
+    }
+  });
+}
+
+const std::vector<std::string>& unmatchedLibraryNames() { return unmatched(); }
+
+}  // namespace npu::ops

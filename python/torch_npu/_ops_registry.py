@@ -1,0 +1,83 @@
+"""Which implementation serves each aten op on the npu.
+
+The answers come from PyTorch's dispatcher, not from a hand-kept list::
+
+    >>> import torch_npu
+    >>> torch_npu._ops_registry.get("add").backend      # a native npu kernel
+    'npu'
+    >>> torch_npu._ops_registry.get("linear").backend   # PyTorch decomposes it
+    'composite'
+    >>> torch_npu._ops_registry.backends_for_op("torch.exp")
+    ['npu', 'cpu']
+    >>> torch_npu._ops_registry.num_registered          # native kernels (overloads)
+    1234
+
+Names may be given as "add", "aten::add", "aten::add.Tensor", "torch.add",
+"Tensor.add_" or "torch.ops.aten.add.Tensor". Without an overload, the op's
+primary overload answers.
+
+backend is one of:
+  "npu"        a native kernel of the npu op library (or a custom op) runs it;
+  "composite"  PyTorch decomposes it into other ops, which run on the npu;
+  "cpu"        it runs on the CPU through the fallback (see NPUFallbackMode);
+  "none"       no implementation for the npu or the cpu exists.
+"""
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from . import _C
+
+__all__ = ["OpInfo", "contains", "get", "backends_for_op", "list_ops", "summary", "num_registered"]
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    name: str          # "aten::add.Tensor"
+    backend: str       # "npu", "composite", "cpu" or "none"
+    priority: int      # of the implementation that serves it: native 100, composite 50, cpu fallback 0
+    backends: List[str] = field(default_factory=list)  # every implementation that exists
+
+
+def _info(resolved) -> OpInfo:
+    name, backend, priority, backends = resolved
+    return OpInfo(name, backend, priority, list(backends))
+
+
+def get(name: str) -> Optional[OpInfo]:
+    """How the npu runs ``name``, or None if no such operator exists."""
+    resolved = _C._resolve_op(name)
+    return None if resolved is None else _info(resolved)
+
+
+def contains(name: str) -> bool:
+    """True if ``name`` has a native npu kernel (it runs on the npu without decomposition)."""
+    info = get(name)
+    return info is not None and info.backend == "npu"
+
+
+def backends_for_op(name: str) -> List[str]:
+    """Every implementation of ``name`` that exists, e.g. ["npu", "cpu"]; [] if unknown."""
+    info = get(name)
+    return [] if info is None else info.backends
+
+
+def list_ops(backend: Optional[str] = None) -> List[OpInfo]:
+    """All aten operators (each overload), optionally only those served by ``backend``."""
+    if backend not in (None, "npu", "composite", "cpu", "none"):
+        raise ValueError(f"backend must be 'npu', 'composite', 'cpu', 'none' or None, got {backend!r}")
+    ops = [_info(r) for r in _C._all_ops() if r[0].startswith("aten::")]
+    return [op for op in ops if backend is None or op.backend == backend]
+
+
+def summary() -> Dict[str, int]:
+    """How many aten operators each backend serves."""
+    counts: Dict[str, int] = {}
+    for op in list_ops():
+        counts[op.backend] = counts.get(op.backend, 0) + 1
+    return counts
+
+
+def __getattr__(name: str):
+    if name == "num_registered":
+        return _C._num_native_kernels()
+    raise AttributeError(f"module 'torch_npu._ops_registry' has no attribute {name!r}")
