@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import requires_two_devices
+from conftest import requires_two_devices, scenario_result
 
 ALL_DTYPES = [
     torch.float32, torch.float16, torch.bfloat16, torch.float64,
@@ -549,16 +549,6 @@ def test_fill_converts_to_the_tensor_dtype():
 
 
 @requires_two_devices
-@pytest.mark.xfail(
-    reason="BUG: cross-device copy reads freed memory. csrc/core/copy.cpp copyOnDevice waits for the "
-    "source device, then queues the copy on the destination device's stream, but nothing orders the "
-    "source block's free/reuse after that copy: `b = a.to('npu:1'); del a` lets npu:0 hand a's block "
-    "to the next allocation (overwritten by fill_) before npu:1's stream copied it. CUDA makes the "
-    "source stream wait for the copy (event on the dst stream, src stream waits on it).",
-    strict=True,
-)
 def test_cross_device_copy_source_freed_before_copy_ran(async_results):
-    from conftest import scenario_result
-
     r = scenario_result(async_results, "cross_device_copy_source_freed_early")
     assert r["values"] == [1.0], f"npu:1 received {r['values']} instead of the source's 1.0"

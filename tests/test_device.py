@@ -243,11 +243,6 @@ def test_str_of_npu_device_and_dtype_attributes():
     assert y.is_contiguous() and y.numel() == 4
 
 
-@pytest.mark.xfail(
-    reason="printing an npu tensor needs ops (e.g. aten::abs.out) the op library does not have "
-    "yet; issue 2 lists 'what printing a tensor needs' among the tensor basics",
-    strict=False,
-)
 def test_repr_of_npu_tensor():
     y = torch.tensor([1.5, -2.0, 3.0]).npu()
     text = repr(y)
@@ -255,13 +250,6 @@ def test_repr_of_npu_tensor():
     assert "1.5000" in text and "-2.0000" in text
 
 
-@pytest.mark.xfail(
-    reason="BUG: `import torch_npu` before torch fails: python/torch_npu/__init__.py runs `import torch` "
-    "first, torch's autoload then loads the entry point torch_npu:_autoload from the partially "
-    "initialised torch_npu module, where _autoload (defined at the end of the file) does not exist yet "
-    "(AttributeError -> 'Failed to load the backend extension'). Fix: define _autoload before `import torch`.",
-    strict=True,
-)
 def test_import_torch_npu_first(run_python):
     proc = run_python(
         """

@@ -355,14 +355,6 @@ def test_oom_recovery_after_freeing(oom_results):
     assert recovered["allocated"] == 50 * MiB  # 20 MiB still held + 30 MiB
 
 
-@pytest.mark.xfail(
-    reason="BUG: Tensor.record_stream(s) with s on another npu device aborts the process when the "
-    "tensor is freed: csrc/core/allocator.cpp DeviceCache::recordStream keeps only the stream id, and "
-    "free() looks that id up on the tensor's own device (rt().stream(id)) -> std::out_of_range thrown "
-    "in the deleter -> std::terminate ('npu:0 has no stream 1'); when the id exists there it would "
-    "silently wait on the wrong stream. Keep the c10::Stream (device + id) or reject other devices.",
-    strict=True,
-)
 def test_record_stream_with_stream_of_other_device():
     if torch.npu.device_count() < 2:
         pytest.skip("needs two devices")

@@ -379,6 +379,9 @@ class CachingAllocator final : public c10::Allocator {
     auto it = allocated_.find(ptr.get());
     TORCH_CHECK(it != allocated_.end(), "record_stream: the tensor's memory was not allocated by the npu ",
                 "caching allocator (a view of foreign memory cannot be tracked)");
+    TORCH_CHECK(stream.device_type() == kNPU && stream.device_index() == it->second.second,
+                "record_stream: the tensor is on npu:", static_cast<int>(it->second.second), " but the stream is on ",
+                stream.device(), "; a tensor can only be recorded on streams of its own device");
     deviceCache(it->second.second).recordStream(it->second.first, stream.id());
   }
 

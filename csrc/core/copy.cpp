@@ -61,6 +61,13 @@ void copyOnDevice(at::Tensor& dst, const at::Tensor& src) {
   auto src_alias = cpuAlias(src);
   launch(device, "aten::copy_", [dst_alias, src_alias]() mutable { dst_alias.copy_(src_alias); },
          bytesOf(dst) + bytesOf(src));
+  if (src.device() != dst.device()) {
+    // The source's device must not reuse its memory before the copy read it:
+    // its current stream waits for the copy (as CUDA's peer copies do).
+    auto copied = runtimeDevice(device).createEvent(false);
+    copied->record(currentRuntimeStream(device));
+    currentRuntimeStream(src.device().index()).wait(*copied);
+  }
 }
 
 }  // namespace

@@ -37,8 +37,10 @@ struct NPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::Stream getStreamFromGlobalPool(c10::Device device, bool high_priority) const override {
     return streamFromPool(device.index(), high_priority);
   }
+  // torch.Stream() / torch.npu.Stream(): from the pool, as torch.cuda.Stream() does,
+  // so creating streams in a loop does not create a worker thread each time.
   c10::Stream getNewStream(c10::Device device, int priority) const override {
-    return newStream(device.index(), priority);
+    return streamFromPool(device.index(), priority < 0);
   }
   c10::Stream exchangeStream(c10::Stream stream) const override { return npu::exchangeStream(stream); }
   c10::DeviceIndex deviceCount() const noexcept override { return npu::deviceCount(); }

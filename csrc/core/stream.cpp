@@ -11,7 +11,7 @@ namespace npu {
 
 namespace {
 constexpr int kMaxDevices = 64;
-constexpr int kPoolSize = 4;
+constexpr int kPoolSize = 8;  // streams per device and priority
 
 // Stream id 0 (the default stream) until the thread picks another.
 thread_local std::array<int64_t, kMaxDevices> t_current_stream_ids{};
@@ -54,11 +54,6 @@ c10::Stream streamFromPool(c10::DeviceIndex device, bool high_priority) {
   });
   if (high_priority) return makeStream(device, pool.high[pool.next_high++ % kPoolSize]);
   return makeStream(device, pool.normal[pool.next_normal++ % kPoolSize]);
-}
-
-c10::Stream newStream(c10::DeviceIndex device, int priority) {
-  device = resolveDevice(device);
-  return makeStream(device, runtimeDevice(device).createStream(priority).id());
 }
 
 c10::Stream exchangeStream(c10::Stream stream) {

@@ -12,8 +12,6 @@ c10::Stream currentStream(c10::DeviceIndex device = -1);
 c10::Stream defaultStream(c10::DeviceIndex device = -1);
 // Round-robin over a few streams per device and priority, like CUDA's pool.
 c10::Stream streamFromPool(c10::DeviceIndex device, bool high_priority);
-// A stream of its own (its worker thread starts on first queued kernel).
-c10::Stream newStream(c10::DeviceIndex device, int priority);
 // Makes `stream` current for its device on this thread; returns the previous one.
 c10::Stream exchangeStream(c10::Stream stream);
 

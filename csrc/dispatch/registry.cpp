@@ -15,10 +15,13 @@ OpResolution resolve(const c10::OperatorHandle& op) {
   OpResolution out;
   out.name = displayName(op);
   const bool native = op.hasKernelForDispatchKey(DispatchKey::PrivateUse1);
-  // (CompositeExplicitAutogradNonFunctional only serves functionalization: not a decomposition users see.)
+  const bool cpu_kernel = op.hasKernelForDispatchKey(DispatchKey::CPU);
+  // CompositeExplicitAutogradNonFunctional beside a CPU kernel is only the
+  // functional wrapper of a structured op; alone (select_backward) it decomposes.
   const bool composite = op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd) ||
-                         op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd);
-  const bool cpu = op.hasKernelForDispatchKey(DispatchKey::CPU) || composite;
+                         op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd) ||
+                         (!cpu_kernel && op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutogradNonFunctional));
+  const bool cpu = cpu_kernel || composite;
   if (native) out.backends.push_back("npu");
   if (composite) out.backends.push_back("composite");
   if (cpu) out.backends.push_back("cpu");

@@ -80,6 +80,7 @@ void bindStreams(py::module_& m) {
     auto& b = reinterpret_cast<THPEvent*>(end.ptr())->event;
     return a.elapsedTime(b);
   });
+  m.def("_stream_priority", [](int64_t id, int d) { return npu::runtimeStream(unpackStream(id, d)).priority(); });
   m.def("_set_stream", [](int64_t id, int d) { npu::exchangeStream(unpackStream(id, d)); });
 }
 

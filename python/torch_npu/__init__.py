@@ -5,9 +5,19 @@ entry point) gives PyTorch an ``npu`` device: ``torch.randn(3, device="npu")``,
 ``tensor.npu()``, ``module.npu()``, ``torch.npu.*``. Without hardware the device
 is an emulated NPU in host memory (see NPU_EMU_DEVICES and NPU_EMU_MEMORY).
 """
-import torch
 
-from . import _C
+
+def _autoload():
+    """Entry point of the ``torch.backends`` group: importing the package did the work.
+
+    Defined before ``import torch``: when torch_npu is imported first, torch's own
+    import loads this entry point from the half-imported package.
+    """
+
+
+import torch  # noqa: E402
+
+from . import _C  # noqa: E402
 
 if torch._C._get_privateuse1_backend_name() != "npu":
     torch.utils.rename_privateuse1_backend("npu")
@@ -33,7 +43,3 @@ from .fallback import _install as _install_fallback  # noqa: E402
 _install_fallback()
 
 __version__ = "0.1.0"
-
-
-def _autoload():
-    """Entry point of the ``torch.backends`` group: importing the package did the work."""

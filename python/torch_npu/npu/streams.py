@@ -24,6 +24,11 @@ class Stream(torch.Stream):
         index = _get_device_index(device)
         return super().__new__(cls, device=torch.device("npu", index), priority=priority)
 
+    @property
+    def priority(self) -> int:
+        """0 (normal) or -1 (high), as given when the stream was created."""
+        return _C._stream_priority(self.stream_id, self.device_index)
+
     def wait_event(self, event: "Event") -> None:
         """Work queued on this stream later waits for ``event``."""
         event.wait(self)
