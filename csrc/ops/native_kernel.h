@@ -47,6 +47,8 @@ class NativeKernel final : public c10::OperatorKernel {
  public:
   explicit NativeKernel(DtypeSet dtypes) : dtypes_(dtypes) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+  // Whether tensors of `type` may enter this kernel (else: the CPU fallback).
+  bool accepts(c10::ScalarType type) const;
 
  private:
   struct Traits {
@@ -55,7 +57,6 @@ class NativeKernel final : public c10::OperatorKernel {
     bool has_generator = false;
   };
   const Traits& traits(const c10::OperatorHandle& op);
-  bool accepts(c10::ScalarType type) const;
   bool supportsDtypes(const c10::OperatorHandle& op, const torch::jit::Stack& stack) const;
   void runQueued(const c10::OperatorHandle& op, torch::jit::Stack* stack);
   void runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* stack);
