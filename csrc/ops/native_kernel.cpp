@@ -70,6 +70,23 @@ void checkSameDevice(const at::Tensor& t, c10::Device device) {
               "least two devices, ", device, " and ", t.device(), "! Move them with .to('", device, "') first.");
 }
 
+// As on CUDA, only 0-dim cpu tensors (wrapped scalars) may be mixed with npu
+// tensors (indices, a Tensor?[] argument, may also live on the cpu).
+void checkNotHost(const c10::OperatorHandle& op, const c10::Argument& arg, const at::Tensor& t, c10::Device device) {
+  TORCH_CHECK(!t.defined() || isNpu(t) || t.dim() == 0, "Expected all tensors to be on the same device, but found at ",
+              "least two devices, ", device, " and ", t.device(), "! (", dispatch::displayName(op), ", argument '",
+              arg.name(), "': only 0-dim cpu tensors may be mixed with npu tensors; move it with .to('", device,
+              "'))");
+}
+
+// A ScalarType? argument (dtype=) arrives as an int; its real type says so.
+bool isScalarTypeArgument(const c10::Argument& arg) {
+  const auto& type = arg.real_type();
+  return type->kind() == c10::TypeKind::ScalarTypeType ||
+         (type->kind() == c10::TypeKind::OptionalType &&
+          type->containedType(0)->kind() == c10::TypeKind::ScalarTypeType);
+}
+
 }  // namespace
 
 const NativeKernel::Traits& NativeKernel::traits(const c10::OperatorHandle& op) {
@@ -118,9 +135,7 @@ bool NativeKernel::supportsDtypes(const c10::OperatorHandle& op, const torch::ji
       for (const auto& t : v.toOptionalTensorVector()) {
         if (t.has_value() && isNpu(*t) && !accepts(t->scalar_type())) return false;
       }
-    } else if (v.isInt() && args[i - begin].type()->kind() == c10::TypeKind::OptionalType &&
-               args[i - begin].type()->containedType(0)->kind() == c10::TypeKind::ScalarTypeType) {
-      // dtype= arguments arrive as ints (ScalarType? in the schema)
+    } else if (v.isInt() && isScalarTypeArgument(args[i - begin])) {
       if (!accepts(static_cast<c10::ScalarType>(v.toInt()))) return false;
     } else if (v.isComplexDouble()) {
       return false;
@@ -184,12 +199,17 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
   };
   for (size_t i = begin; i < stack->size(); ++i) {
     const c10::IValue& v = (*stack)[i];
+    const auto& arg = schema.arguments()[i - begin];
     if (v.isTensor()) {
+      checkNotHost(op, arg, v.toTensor(), device);
       args.emplace_back(alias_of(v.toTensor()));
     } else if (v.isTensorList()) {
       c10::List<at::Tensor> list;
       list.reserve(v.toTensorList().size());
-      for (const at::Tensor& t : v.toTensorVector()) list.push_back(alias_of(t));
+      for (const at::Tensor& t : v.toTensorVector()) {
+        checkNotHost(op, arg, t, device);
+        list.push_back(alias_of(t));
+      }
       args.emplace_back(std::move(list));
     } else if (v.isOptionalTensorList()) {
       c10::List<std::optional<at::Tensor>> list;
@@ -198,9 +218,8 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
       }
       args.emplace_back(std::move(list));
     } else if (v.isGenerator() || (v.isNone() && traits(op).has_generator &&
-                                   schema.arguments()[i - begin].type()->kind() == c10::TypeKind::OptionalType &&
-                                   schema.arguments()[i - begin].type()->containedType(0)->kind() ==
-                                       c10::TypeKind::GeneratorType)) {
+                                   arg.type()->kind() == c10::TypeKind::OptionalType &&
+                                   arg.type()->containedType(0)->kind() == c10::TypeKind::GeneratorType)) {
       args.emplace_back(engineFor(v.isGenerator() ? std::optional<at::Generator>(v.toGenerator()) : std::nullopt,
                                   device.index()));
     } else {
@@ -238,11 +257,13 @@ void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* s
     const bool writes = arg.alias_info() != nullptr && arg.alias_info()->isWrite();
     if (v.isTensor()) {
       const at::Tensor t = v.toTensor();
+      checkNotHost(op, arg, t, device);
       if (writes) written.push_back(t);
       v = exec.alias(t);
     } else if (v.isTensorList()) {
       c10::List<at::Tensor> list;
       for (const at::Tensor& t : v.toTensorVector()) {
+        checkNotHost(op, arg, t, device);
         if (writes) written.push_back(t);
         list.push_back(exec.alias(t));
       }

@@ -78,7 +78,8 @@ std::vector<LibraryEntry> libraryEntries() {
                  "nll_loss2d_forward", "nll_loss2d_backward", "mse_loss", "mse_loss_backward", "smooth_l1_loss",
                  "smooth_l1_loss_backward", "huber_loss", "huber_loss_backward", "binary_cross_entropy",
                  "binary_cross_entropy_backward", "soft_margin_loss", "soft_margin_loss_backward",
-                 "multilabel_margin_loss_forward", "multi_margin_loss", "_ctc_loss", "_ctc_loss_backward",
+                 "multilabel_margin_loss_forward", "multi_margin_loss", "_ctc_loss", "_ctc_loss_backward", "uniform", "random", "exponential", "geometric",
+                 "log_normal", "cauchy",
                  "_scaled_dot_product_flash_attention_for_cpu",
                  "_scaled_dot_product_flash_attention_for_cpu_backward", "multinomial", "normal", "poisson",
                  "_standard_gamma", "_dirichlet_grad", "_sample_dirichlet"});

@@ -42,4 +42,11 @@ from .fallback import _install as _install_fallback  # noqa: E402
 
 _install_fallback()
 
+# Backward of npu graphs runs on the calling thread, not on PyTorch's per-device
+# autograd thread: when that thread drops the last reference to a Python-visible
+# tensor during interpreter shutdown it aborts the process ("terminate called
+# without an active exception"). This setting is per thread: it covers the thread
+# that imported torch_npu (the main thread, as a rule).
+torch._C._set_multithreading_enabled(False)
+
 __version__ = "0.1.0"
