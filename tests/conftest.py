@@ -59,6 +59,22 @@ def _restore_device_and_stream():
             pytest.fail(f"the test left a pending kernel error on npu:{index}: {error}")
 
 
+@pytest.fixture(autouse=True)
+def _clean_fallback_state():
+    """Every test starts and ends in auto mode, without op policies, retries or statistics."""
+    from torch_npu import NPUFallbackMode
+
+    def reset():
+        NPUFallbackMode.set("auto")  # also forgets which ops already warned
+        NPUFallbackMode.clear_op_fallbacks()
+        NPUFallbackMode.set_retry_on_kernel_error(False)
+        NPUFallbackMode.reset_fallback_stats()
+
+    reset()
+    yield
+    reset()
+
+
 @pytest.fixture(scope="session")
 def async_results():
     """{scenario: result} of helpers.ASYNC_SCENARIOS, run once in an always-enqueue child."""

@@ -28,20 +28,6 @@ NO_KERNEL_OP = "logaddexp"  # aten op with a CPU kernel and no npu kernel
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _clean_fallback_state():
-    """Every test starts and ends in auto mode, without policies, retries or statistics."""
-    def reset():
-        torch_npu.set_fallback_mode("auto")  # also forgets which ops already warned
-        NPUFallbackMode.clear_op_fallbacks()
-        NPUFallbackMode.set_retry_on_kernel_error(False)
-        NPUFallbackMode.reset_fallback_stats()
-
-    reset()
-    yield
-    reset()
-
-
 def stats():
     return NPUFallbackMode.get_fallback_stats()
 

@@ -22,17 +22,6 @@ GRAD_TOL = dict(rtol=1e-4, atol=1e-5)
 LOSS_TOL = dict(rtol=1e-4, atol=1e-6)
 
 
-@pytest.fixture(autouse=True)
-def _clean_fallback_state():
-    Fallback.set("auto")
-    Fallback.clear_op_fallbacks()
-    Fallback.reset_fallback_stats()
-    yield
-    Fallback.set("auto")
-    Fallback.clear_op_fallbacks()
-    Fallback.reset_fallback_stats()
-
-
 # ---- the models -------------------------------------------------------------------------------
 
 

@@ -35,18 +35,6 @@ def tol(dtype):
     return TOL.get(dtype, {})
 
 
-@pytest.fixture(autouse=True)
-def _clean_fallback_state():
-    """No fallback mode, policy or statistic leaks into or out of a test."""
-    Fallback.set("auto")
-    Fallback.clear_op_fallbacks()
-    Fallback.reset_fallback_stats()
-    yield
-    Fallback.set("auto")
-    Fallback.clear_op_fallbacks()
-    Fallback.reset_fallback_stats()
-
-
 # ---- helpers -------------------------------------------------------------------------
 
 

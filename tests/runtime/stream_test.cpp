@@ -132,20 +132,20 @@ TEST(AsyncStream, KernelCapturesAreReleasedAfterTheyRun) {
   EXPECT_TRUE(watch.expired());
 }
 
-TEST(AsyncStream, ManyLaunchingThreadsKeepPerThreadOrderAndNeverOverlap) {
-  EmuStream stream(0, 1, 0, asyncConfig());
-  constexpr int kThreads = 4;
-  constexpr int kPerThread = 500;
-  std::vector<std::vector<int>> seen(kThreads);
+// Several threads launch onto one stream: each thread's kernels run in its
+// order, and no two kernels of the stream ever run at the same time.
+void expectOrderedAndExclusive(EmuStream& stream, int threads_count, int per_thread, int yield_every) {
+  std::vector<std::vector<int>> seen(threads_count);
   std::atomic<int> running{0};
   std::atomic<int> overlaps{0};
   std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
+  for (int t = 0; t < threads_count; ++t) {
     threads.emplace_back([&, t] {
-      for (int i = 0; i < kPerThread; ++i) {
+      for (int i = 0; i < per_thread; ++i) {
         stream.launch("k", [&, t, i] {
           if (running.fetch_add(1) != 0) ++overlaps;
           seen[t].push_back(i);
+          if (yield_every > 0 && i % yield_every == 0) std::this_thread::yield();
           running.fetch_sub(1);
         }, 0);
       }
@@ -154,10 +154,15 @@ TEST(AsyncStream, ManyLaunchingThreadsKeepPerThreadOrderAndNeverOverlap) {
   for (auto& th : threads) th.join();
   stream.synchronize();
   EXPECT_EQ(overlaps.load(), 0);
-  for (int t = 0; t < kThreads; ++t) {
-    ASSERT_EQ(seen[t].size(), static_cast<std::size_t>(kPerThread));
-    for (int i = 0; i < kPerThread; ++i) ASSERT_EQ(seen[t][i], i);
+  for (int t = 0; t < threads_count; ++t) {
+    ASSERT_EQ(seen[t].size(), static_cast<std::size_t>(per_thread));
+    for (int i = 0; i < per_thread; ++i) ASSERT_EQ(seen[t][i], i);
   }
+}
+
+TEST(AsyncStream, ManyLaunchingThreadsKeepPerThreadOrderAndNeverOverlap) {
+  EmuStream stream(0, 1, 0, asyncConfig());
+  expectOrderedAndExclusive(stream, 4, 500, 0);
 }
 
 // ---- the inline fast path (always_enqueue = false) ----------------------------
@@ -230,31 +235,7 @@ TEST(InlineStream, BusyStreamQueuesLaterKernelsInOrder) {
 
 TEST(InlineStream, ManyLaunchingThreadsKeepPerThreadOrderAndNeverOverlap) {
   EmuStream stream(0, 1, 0, inlineConfig());
-  constexpr int kThreads = 4;
-  constexpr int kPerThread = 2000;
-  std::vector<std::vector<int>> seen(kThreads);
-  std::atomic<int> running{0};
-  std::atomic<int> overlaps{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (int i = 0; i < kPerThread; ++i) {
-        stream.launch("k", [&, t, i] {
-          if (running.fetch_add(1) != 0) ++overlaps;
-          seen[t].push_back(i);
-          if (i % 64 == 0) std::this_thread::yield();
-          running.fetch_sub(1);
-        }, 0);
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
-  stream.synchronize();
-  EXPECT_EQ(overlaps.load(), 0);
-  for (int t = 0; t < kThreads; ++t) {
-    ASSERT_EQ(seen[t].size(), static_cast<std::size_t>(kPerThread));
-    for (int i = 0; i < kPerThread; ++i) ASSERT_EQ(seen[t][i], i);
-  }
+  expectOrderedAndExclusive(stream, 4, 2000, 64);
 }
 
 TEST(InlineStream, ErrorsAreReportedAtSynchronizeNotAtLaunch) {
