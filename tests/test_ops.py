@@ -1245,3 +1245,48 @@ def test_in_place_op_on_a_cpu_tensor_with_an_npu_argument_is_not_lost():
         assert "device" in str(error)
         return
     assert torch.equal(c, torch.full((3,), 3.0)), f"cpu tensor not updated: {c}"
+
+
+# ---- found by the OpInfo sweep (tests/test_opinfo.py) ----------------------------------------------
+
+
+def test_views_made_by_native_kernels_are_regular_autograd_views():
+    x = torch.arange(6.0, device="npu", requires_grad=True)
+    windows = x.unfold(0, 2, 1)
+    assert not windows.is_inference() and windows._base is x
+    windows.sum().backward()
+    assert_close(x.grad.cpu(), torch.tensor([1.0, 2.0, 2.0, 2.0, 2.0, 1.0]))
+
+
+def test_conjugate_and_negative_bits_survive_the_npu():
+    c = torch.tensor([1 + 2j, -3 - 1j], dtype=torch.complex64)
+    assert_close(c.npu().conj().cpu(), c.conj())
+    assert_close(torch._neg_view(torch.ones(3).npu()).cpu(), -torch.ones(3))
+    x = torch.arange(5.0)
+    assert_close(torch.fft.ifft(x.npu()).cpu(), torch.fft.ifft(x))
+    assert_close(torch.view_as_real(c.npu()).cpu(), torch.view_as_real(c))
+    assert_close(torch.view_as_complex(torch.view_as_real(c).npu()).cpu(), c)
+
+
+def test_batch_norm_through_the_fallback_updates_running_stats():
+    x = torch.randn(3, 5, dtype=torch.float64)
+    cpu_mean, cpu_var = torch.zeros(5, dtype=torch.float64), torch.ones(5, dtype=torch.float64)
+    npu_mean, npu_var = cpu_mean.npu(), cpu_var.npu()
+    F.batch_norm(x, cpu_mean, cpu_var, training=True)
+    F.batch_norm(x.npu(), npu_mean, npu_var, training=True)
+    assert torch_npu.NPUFallbackMode.get_fallback_stats().total >= 1
+    assert_close(npu_mean.cpu(), cpu_mean)
+    assert_close(npu_var.cpu(), cpu_var)
+
+
+def test_in_place_op_that_resizes_self():
+    a, b = torch.randn(2, 3, 4), torch.randn(2, 4, 5)
+    expected = torch.zeros(1).addbmm_(a, b)
+    actual = torch.zeros(1, device="npu").addbmm_(a.npu(), b.npu())
+    assert actual.shape == expected.shape == (3, 5)
+    assert_close(actual.cpu(), expected)
+
+
+def test_resize_to_the_same_shape_keeps_a_non_contiguous_tensor():
+    x = torch.arange(6.0).reshape(2, 3).t()
+    assert_close(x.npu().resize_(3, 2).cpu(), x.clone().resize_(3, 2))

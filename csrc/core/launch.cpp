@@ -17,6 +17,8 @@ at::Tensor cpuAlias(const at::Tensor& t) {
   auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(alias_storage),
                                                    c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  impl->_set_conj(t.is_conj());
+  impl->_set_neg(t.is_neg());
   return at::Tensor(std::move(impl));
 }
 

@@ -13,7 +13,7 @@
 namespace npu {
 
 // A CPU tensor over the same memory as the npu tensor `t`: same sizes, strides,
-// storage offset and dtype. An undefined tensor stays undefined.
+// storage offset, dtype and conjugate/negative bits. An undefined tensor stays undefined.
 at::Tensor cpuAlias(const at::Tensor& t);
 
 // Queues `kernel` on the current stream of `device`. Errors of an asynchronous

@@ -121,6 +121,12 @@ at::Tensor toHost(const at::Tensor& t, int64_t* bytes) {
   return t.cpu();
 }
 
+// Arguments some ops write without saying so in their schema: native_batch_norm
+// updates running_mean/running_var in training.
+bool writesUnannotated(const std::string& op, const c10::Argument& arg) {
+  return op == "aten::native_batch_norm" && (arg.name() == "running_mean" || arg.name() == "running_var");
+}
+
 template <typename T>
 bool sameAlias(const T* a, const T* b) {
   return a != nullptr && b != nullptr && (a == b || *a == *b);
@@ -336,7 +342,8 @@ void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, Fallba
   std::vector<c10::IValue> originals(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
     c10::IValue& v = (*stack)[begin + i];
-    const bool writes = args[i].alias_info() != nullptr && args[i].alias_info()->isWrite();
+    const bool writes = (args[i].alias_info() != nullptr && args[i].alias_info()->isWrite()) ||
+                        writesUnannotated(schema.name(), args[i]);
     originals[i] = v;
     if (v.isTensor()) {
       const at::Tensor t = v.toTensor();

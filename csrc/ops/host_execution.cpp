@@ -78,6 +78,8 @@ at::Tensor HostExecution::alias(const at::Tensor& t) {
   auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(alias_storage),
                                                    c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  impl->_set_conj(t.is_conj());
+  impl->_set_neg(t.is_neg());
   at::Tensor alias(std::move(impl));
   originals_.emplace(alias.unsafeGetTensorImpl(), t);
   if (storage->data() != nullptr) by_memory_.emplace(storage->data(), t);
@@ -85,15 +87,23 @@ at::Tensor HostExecution::alias(const at::Tensor& t) {
 }
 
 at::Tensor HostExecution::viewOf(const at::Tensor& npu_base, const at::Tensor& result) {
+  // The base's keys: with autograd's, so the view is not taken for an inference tensor.
   auto view = at::detail::make_tensor<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(npu_base.storage()),
-                                                       c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                       result.dtype());
+                                                       npu_base.key_set(), result.dtype());
   view.unsafeGetTensorImpl()->set_sizes_and_strides(result.sizes(), result.strides(), result.storage_offset());
   return view;
 }
 
 at::Tensor HostExecution::toNpu(const at::Tensor& result) {
   if (!result.defined() || result.device().type() == kNPU) return result;
+  at::Tensor out = adoptOrView(result);
+  // A lazy conjugate or negation (e.g. fft's ret.conj()) stays lazy on the npu.
+  out.unsafeGetTensorImpl()->_set_conj(result.is_conj());
+  out.unsafeGetTensorImpl()->_set_neg(result.is_neg());
+  return out;
+}
+
+at::Tensor HostExecution::adoptOrView(const at::Tensor& result) {
   if (auto it = originals_.find(result.unsafeGetTensorImpl()); it != originals_.end()) return it->second;
   auto* host_storage = result.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
   if (auto it = by_memory_.find(host_storage->data()); it != by_memory_.end() && host_storage->data() != nullptr) {
@@ -123,7 +133,7 @@ at::Tensor HostExecution::toNpu(const at::Tensor& result) {
   at::Tensor out = at::detail::empty_strided_generic(result.sizes(), result.strides(), npuAllocator(),
                                                      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                                      result.scalar_type());
-  alias(out).copy_(result);
+  alias(out).copy_(result.resolve_conj().resolve_neg());
   return out;
 }
 

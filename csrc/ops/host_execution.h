@@ -40,6 +40,7 @@ class HostExecution {
   c10::Device device() const { return device_; }
 
  private:
+  at::Tensor adoptOrView(const at::Tensor& result);
   at::Tensor viewOf(const at::Tensor& npu_base, const at::Tensor& result);
 
   c10::Device device_;

@@ -108,7 +108,10 @@ const NativeKernel::Traits& NativeKernel::traits(const c10::OperatorHandle& op) 
         traits_.has_generator = true;
       }
     }
-    traits_.in_place = writes && !has_out && returns_only_written_args && !traits_.is_view;
+    // addbmm_ may resize self (it is addbmm.out with self as out): a queued kernel
+    // cannot, the host path can (HostExecution::syncBack).
+    const bool may_resize_self = schema.name() == "aten::addbmm_";
+    traits_.in_place = writes && !has_out && returns_only_written_args && !traits_.is_view && !may_resize_self;
   });
   return traits_;
 }

@@ -91,7 +91,7 @@ std::vector<LibraryEntry> libraryEntries() {
             "constant_pad_nd", "polar", "max_unpool2d", "histogram", "_histogramdd_from_bin_cts",
             "_histogramdd_bin_edges", "_embedding_bag_per_sample_weights_backward", "segment_reduce",
             "_segment_reduce_backward", "renorm", "trace", "diff", "cross", "_pad_packed_sequence",
-            "_pack_padded_sequence", "isin", "_assert_async"});
+            "_pack_padded_sequence", "isin", "_assert_async", "view_as_real", "view_as_complex"});
   // Optimisers (torch.optim's foreach paths, GradScaler).
   add(all, {"_foreach_add", "_foreach_sub", "_foreach_mul", "_foreach_div", "_foreach_addcmul", "_foreach_addcdiv",
             "_foreach_sqrt", "_foreach_lerp", "_foreach_norm", "_foreach_maximum", "_foreach_minimum",

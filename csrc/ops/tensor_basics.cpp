@@ -74,6 +74,8 @@ const at::Tensor& resize(const at::Tensor& self, c10::IntArrayRef size,
   for (auto s : size) {
     TORCH_CHECK(s >= 0, "aten::resize_ on npu: sizes must be non-negative, got ", size);
   }
+  // Same sizes, no format asked: nothing changes (a non-contiguous tensor stays so), as on the cpu.
+  if (self.sizes() == size && !memory_format.has_value()) return self;
   auto* impl = self.unsafeGetTensorImpl();
   TORCH_CHECK(impl->unsafe_storage().resizable() || self.sizes() == size,
               "aten::resize_ on npu: the tensor's storage is not resizable");
