@@ -560,9 +560,13 @@ def test_fallback_on_non_contiguous_inputs():
 
 
 def test_fallback_view_op_raises_a_clear_error():
-    c = torch.ones(3, dtype=torch.complex64, device="npu")
-    with pytest.raises(RuntimeError, match="view op without an npu kernel"):
-        torch.view_as_real(c)
+    # Every aten view op has an npu kernel; a 'cpu' policy is the way to send one to the fallback.
+    x = torch.arange(6.0, device="npu")
+    NPUFallbackMode.set_op_fallback("unfold", "cpu")
+    with pytest.raises(RuntimeError, match="'aten::unfold' is a view op: it cannot run through the CPU fallback"):
+        x.unfold(0, 2, 1)
+    NPUFallbackMode.set_op_fallback("unfold", "default")
+    assert x.unfold(0, 2, 1).shape == (5, 2)
 
 
 def test_fallback_with_a_cpu_scalar_tensor():

@@ -302,8 +302,9 @@ void checkFallbackAllowed(const c10::OperatorHandle& op, const torch::jit::Stack
 
   for (const auto& ret : schema.returns()) {
     TORCH_CHECK(ret.alias_info() == nullptr || ret.alias_info()->isWrite(), "Operator '", displayName(op),
-                "' is a view op without an npu kernel; a view cannot fall back to the CPU because its storage "
-                "cannot be shared across devices. Call .cpu() on its input first.");
+                "' is a view op: it cannot run through the CPU fallback, because a view shares its input's "
+                "storage and that cannot cross devices. Call .cpu() on its input first, or remove the op's "
+                "'cpu' policy (NPUFallbackMode.set_op_fallback(op, 'default')).");
   }
   if (policy.mode() == FallbackMode::Warn && policy.firstWarning(base)) {
     TORCH_WARN("Operator '", displayName(op), "' is not supported on npu",
