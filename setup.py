@@ -16,8 +16,9 @@ setup(
         CppExtension(
             "torch_npu._C",
             SOURCES,
-            # -g0: no debug info, it doubles compile and link time of ATen-heavy units
-            extra_compile_args={"cxx": ["-O2", "-g0", "-std=c++17", "-fvisibility=hidden"]},
+            # -g0: no debug info, it doubles compile and link time of ATen-heavy units;
+            # C++20 as torch 2.13 itself (csrc/runtime stays plain C++17, see its CMakeLists)
+            extra_compile_args={"cxx": ["-O2", "-g0", "-std=c++20", "-fvisibility=hidden"]},
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},

@@ -79,6 +79,21 @@ void checkNotHost(const c10::OperatorHandle& op, const c10::Argument& arg, const
               "'))");
 }
 
+bool isGeneratorArgument(const c10::Argument& arg) {
+  return arg.type()->kind() == c10::TypeKind::OptionalType &&
+         arg.type()->containedType(0)->kind() == c10::TypeKind::GeneratorType;
+}
+
+// The npu engine for a generator argument: the given npu generator's, or for
+// None the device's default one (so torch.manual_seed governs npu sampling).
+bool isGeneratorValue(const c10::IValue& v, const c10::Argument& arg) {
+  return v.isGenerator() || (v.isNone() && isGeneratorArgument(arg));
+}
+
+at::Generator engineOf(const c10::IValue& v, c10::Device device) {
+  return engineFor(v.isGenerator() ? std::optional<at::Generator>(v.toGenerator()) : std::nullopt, device.index());
+}
+
 // A ScalarType? argument (dtype=) arrives as an int; its real type says so.
 bool isScalarTypeArgument(const c10::Argument& arg) {
   const auto& type = arg.real_type();
@@ -103,10 +118,6 @@ const NativeKernel::Traits& NativeKernel::traits(const c10::OperatorHandle& op) 
     for (const auto& arg : schema.arguments()) {
       if (arg.is_out()) has_out = true;
       if (arg.alias_info() != nullptr && arg.alias_info()->isWrite()) writes = true;
-      if (arg.type()->kind() == c10::TypeKind::OptionalType &&
-          arg.type()->containedType(0)->kind() == c10::TypeKind::GeneratorType) {
-        traits_.has_generator = true;
-      }
     }
     // addbmm_ may resize self (it is addbmm.out with self as out): a queued kernel
     // cannot, the host path can (HostExecution::syncBack).
@@ -220,11 +231,8 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
         list.push_back(t.has_value() ? std::optional<at::Tensor>(alias_of(*t)) : std::nullopt);
       }
       args.emplace_back(std::move(list));
-    } else if (v.isGenerator() || (v.isNone() && traits(op).has_generator &&
-                                   arg.type()->kind() == c10::TypeKind::OptionalType &&
-                                   arg.type()->containedType(0)->kind() == c10::TypeKind::GeneratorType)) {
-      args.emplace_back(engineFor(v.isGenerator() ? std::optional<at::Generator>(v.toGenerator()) : std::nullopt,
-                                  device.index()));
+    } else if (isGeneratorValue(v, arg)) {
+      args.emplace_back(engineOf(v, device));
     } else {
       args.push_back(v);
     }
@@ -279,10 +287,8 @@ void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* s
       v = std::move(list);
     } else if (v.isDevice() && v.toDevice().type() == kNPU) {
       v = c10::Device(c10::kCPU);
-    } else if (v.isGenerator() ||
-               (v.isNone() && traits(op).has_generator && arg.type()->kind() == c10::TypeKind::OptionalType &&
-                arg.type()->containedType(0)->kind() == c10::TypeKind::GeneratorType)) {
-      v = engineFor(v.isGenerator() ? std::optional<at::Generator>(v.toGenerator()) : std::nullopt, device.index());
+    } else if (isGeneratorValue(v, arg)) {
+      v = engineOf(v, device);
     }
   }
 

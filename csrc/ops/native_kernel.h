@@ -54,7 +54,6 @@ class NativeKernel final : public c10::OperatorKernel {
   struct Traits {
     bool is_view = false;      // returns an alias of an input (no compute)
     bool in_place = false;     // writes only to its arguments, no out=: can be queued
-    bool has_generator = false;
   };
   const Traits& traits(const c10::OperatorHandle& op);
   bool supportsDtypes(const c10::OperatorHandle& op, const torch::jit::Stack& stack) const;
