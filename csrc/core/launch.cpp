@@ -8,12 +8,13 @@
 
 namespace npu {
 
-at::Tensor cpuAlias(const at::Tensor& t) {
+at::Tensor cpuAlias(const at::Tensor& t, c10::Allocator* resize_allocator) {
   if (!t.defined()) return t;
   const auto* storage = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  const bool resizable = resize_allocator != nullptr && storage->resizable();
   c10::Storage alias_storage(c10::Storage::use_byte_size_t(), storage->nbytes(),
                              c10::DataPtr(const_cast<void*>(storage->data()), c10::Device(c10::kCPU)),
-                             /*allocator=*/nullptr, /*resizable=*/false);
+                             resizable ? resize_allocator : nullptr, resizable);
   auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(alias_storage),
                                                    c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());

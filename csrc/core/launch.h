@@ -13,8 +13,10 @@
 namespace npu {
 
 // A CPU tensor over the same memory as the npu tensor `t`: same sizes, strides,
-// storage offset, dtype and conjugate/negative bits. An undefined tensor stays undefined.
-at::Tensor cpuAlias(const at::Tensor& t);
+// storage offset, dtype and conjugate/negative bits. An undefined tensor stays
+// undefined. With `resize_allocator` (and a resizable npu storage) a kernel may
+// resize the alias, taking new memory from that allocator (out= arguments).
+at::Tensor cpuAlias(const at::Tensor& t, c10::Allocator* resize_allocator = nullptr);
 
 // Queues `kernel` on the current stream of `device`. Errors of an asynchronous
 // kernel surface at the next synchronisation point; with NPU_LAUNCH_BLOCKING=1

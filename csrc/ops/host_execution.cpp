@@ -6,6 +6,7 @@
 
 #include "../core/allocator.h"
 #include "../core/device.h"
+#include "../core/launch.h"
 #include "../core/stream.h"
 
 namespace npu::ops {
@@ -71,18 +72,11 @@ at::Tensor HostExecution::alias(const at::Tensor& t) {
   if (!t.defined() || t.device().type() != kNPU) return t;
   TORCH_CHECK(t.device() == device_, "Expected all tensors to be on the same device, but found at least two "
               "devices, ", device_, " and ", t.device(), "! Move them with .to('", device_, "') first.");
-  const auto* storage = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-  c10::Storage alias_storage(c10::Storage::use_byte_size_t(), storage->nbytes(),
-                             c10::DataPtr(const_cast<void*>(storage->data()), c10::Device(c10::kCPU)),
-                             c10::GetCPUAllocator(), /*resizable=*/storage->resizable());
-  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(alias_storage),
-                                                   c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
-  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-  impl->_set_conj(t.is_conj());
-  impl->_set_neg(t.is_neg());
-  at::Tensor alias(std::move(impl));
+  // Resizable through the CPU allocator, which serves npu memory here (out= resizes).
+  at::Tensor alias = cpuAlias(t, c10::GetCPUAllocator());
+  const void* memory = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl()->data();
   originals_.emplace(alias.unsafeGetTensorImpl(), t);
-  if (storage->data() != nullptr) by_memory_.emplace(storage->data(), t);
+  if (memory != nullptr) by_memory_.emplace(memory, t);
   return alias;
 }
 
