@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 export PATH := $(if $(wildcard /usr/lib/ccache),/usr/lib/ccache:,)$(PATH)
 export MAX_JOBS ?= 2
 
-.PHONY: demo test build pytest runtime-test bench clean system-deps
+.PHONY: demo test build pytest pytest-always-enqueue runtime-test runtime-sanitize bench clean system-deps
 
 # Debian packages: GoogleTest for runtime/ tests, ccache for rebuilds.
 system-deps:
@@ -45,7 +45,25 @@ runtime-test: system-deps
 pytest: build
 	$(PY) -m pytest -q tests
 
-test: runtime-test pytest
+# The stream, copy, random and model tests again with the fully asynchronous
+# launch policy (every kernel queued to its stream's worker thread), so ordering
+# bugs that running on the caller's thread hides cannot come back.
+ALWAYS_ENQUEUE_TESTS := tests/test_streams.py tests/test_copy.py tests/test_random.py tests/test_models.py \
+	tests/test_stream_semantics.py tests/test_memory.py
+pytest-always-enqueue: build
+	NPU_EMU_ALWAYS_ENQUEUE=1 $(PY) -m pytest -q $(ALWAYS_ENQUEUE_TESTS)
+
+# The runtime's GoogleTest suite under ThreadSanitizer and AddressSanitizer.
+runtime-sanitize: system-deps
+	for san in thread address; do \
+	  cmake -S csrc/runtime -B build/runtime-$$san -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	    -DNPU_RUNTIME_SANITIZE=$$san >/dev/null && \
+	  cmake --build build/runtime-$$san -j $(MAX_JOBS) && \
+	  TSAN_OPTIONS=halt_on_error=1 ASAN_OPTIONS=detect_leaks=1 \
+	    ctest --test-dir build/runtime-$$san --output-on-failure || exit 1; \
+	done
+
+test: runtime-test pytest pytest-always-enqueue
 
 bench: build
 	$(PY) benchmarks/run_all.py

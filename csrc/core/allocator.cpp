@@ -74,6 +74,7 @@ struct Block {
   bool small;
   bool allocated = false;
   int pending_events = 0;  // record_stream uses still running
+  uint64_t free_position = 0;  // its stream's launch count when it was freed
   Block* prev = nullptr;   // neighbours inside the same segment
   Block* next = nullptr;
   std::vector<int64_t> stream_uses;
@@ -95,29 +96,25 @@ class DeviceCache {
   explicit DeviceCache(c10::DeviceIndex device) : device_(device) {}
 
   // nullptr when the device is out of memory even after freeing the cache.
-  Block* allocate(std::size_t requested, int64_t stream, std::unique_lock<std::mutex>& lock) {
+  // `for_host`: the memory is written at once by host code holding the
+  // stream, so only blocks whose earlier work on the stream completed will do.
+  Block* allocate(std::size_t requested, int64_t stream, bool for_host, std::unique_lock<std::mutex>& lock) {
     processPendingEvents();
     const std::size_t size = roundUp(std::max(requested, std::size_t(1)), kMinBlockSize);
     const bool small = size <= kSmallSize;
     Pool& pool = small ? small_ : large_;
 
-    Block* block = takeBestFit(pool, size, stream);
+    Block* block = takeBestFit(pool, size, stream, for_host);
     if (block == nullptr) {
       const std::size_t segment_size =
           small ? kSmallSegment : (size < kMinLargeAlloc ? kLargeSegment : roundUp(size, kLargeRounding));
       void* memory = rt().allocate(segment_size);
       if (memory == nullptr) {
-        // Out of device memory: wait for pending frees, give the cache back, retry.
+        // Out of device memory: give the cache back (once its work is done), retry.
         stats_.num_alloc_retries++;
-        lock.unlock();
-        synchronizeDevice(device_);
-        lock.lock();
-        processPendingEvents();
-        block = takeBestFit(pool, size, stream);
-        if (block == nullptr) {
-          releaseCachedSegments();
-          memory = rt().allocate(segment_size);
-        }
+        releaseCachedSegments(lock);
+        block = takeBestFit(pool, size, stream, for_host);
+        if (block == nullptr) memory = rt().allocate(segment_size);
       }
       if (block == nullptr) {
         if (memory == nullptr) {
@@ -143,6 +140,7 @@ class DeviceCache {
 
   void free(Block* block) {
     block->allocated = false;
+    block->free_position = runtimeStream(block->stream).position();
     updateStat(stats_.allocation, block->small, -1);
     updateStat(stats_.allocated_bytes, block->small, -static_cast<int64_t>(block->size));
     updateStat(stats_.requested_bytes, block->small, -static_cast<int64_t>(block->requested));
@@ -160,9 +158,37 @@ class DeviceCache {
     block->stream_uses.clear();
   }
 
-  void emptyCache() {
+  // Gives every whole cached segment back to the device, once the work that
+  // used it has completed. Unlocks `lock` while it waits for the streams.
+  void releaseCachedSegments(std::unique_lock<std::mutex>& lock) {
     processPendingEvents();
-    releaseCachedSegments();
+    std::vector<Block*> segments;
+    for (Pool* pool : {&small_, &large_}) {
+      for (auto it = pool->begin(); it != pool->end();) {
+        if ((*it)->isSplit()) {
+          ++it;  // part of a segment still in use
+          continue;
+        }
+        segments.push_back(*it);
+        it = pool->erase(it);  // out of reach of other threads while we wait
+      }
+    }
+    stats_.num_sync_all_streams++;
+    lock.unlock();
+    rt().drain();  // kernel errors stay pending for their own synchronisation point
+    lock.lock();
+    for (Block* block : segments) {
+      if (!runtimeStream(block->stream).passed(block->free_position)) {
+        insertIntoPool(block);  // queued behind a hold of this thread: still in use
+        continue;
+      }
+      rt().free(block->ptr);
+      stats_.num_device_free++;
+      updateStat(stats_.segment, block->small, -1);
+      updateStat(stats_.reserved_bytes, block->small, -static_cast<int64_t>(block->size));
+      delete block;
+    }
+    processPendingEvents();
   }
 
   void recordStream(Block* block, int64_t stream) {
@@ -177,13 +203,22 @@ class DeviceCache {
  private:
   runtime::Device& rt() { return runtime::hal().device(device_); }
 
-  Block* takeBestFit(Pool& pool, std::size_t size, int64_t stream) {
+  runtime::Stream& runtimeStream(int64_t id) {
+    if (id >= static_cast<int64_t>(streams_.size())) streams_.resize(static_cast<std::size_t>(id) + 1, nullptr);
+    auto& stream = streams_[static_cast<std::size_t>(id)];
+    if (stream == nullptr) stream = &rt().stream(id);
+    return *stream;
+  }
+
+  Block* takeBestFit(Pool& pool, std::size_t size, int64_t stream, bool for_host) {
     Block key(nullptr, size, stream, false);
-    auto it = pool.lower_bound(&key);
-    if (it == pool.end() || (*it)->stream != stream) return nullptr;
-    Block* block = *it;
-    removeFromPool(block);
-    return block;
+    for (auto it = pool.lower_bound(&key); it != pool.end() && (*it)->stream == stream; ++it) {
+      Block* block = *it;
+      if (for_host && !runtimeStream(stream).passed(block->free_position)) continue;
+      removeFromPool(block);
+      return block;
+    }
+    return nullptr;
   }
 
   void splitIfWorthIt(Block* block, std::size_t size) {
@@ -237,6 +272,7 @@ class DeviceCache {
       if (block->next != nullptr) block->next->prev = block;
     }
     block->size += neighbour->size;
+    block->free_position = std::max(block->free_position, neighbour->free_position);
     delete neighbour;
   }
 
@@ -252,30 +288,12 @@ class DeviceCache {
     }
   }
 
-  // Gives whole free segments back to the device (split ones stay: in use).
-  void releaseCachedSegments() {
-    for (Pool* pool : {&small_, &large_}) {
-      for (auto it = pool->begin(); it != pool->end();) {
-        Block* block = *it;
-        if (block->isSplit()) {
-          ++it;
-          continue;
-        }
-        it = pool->erase(it);
-        rt().free(block->ptr);
-        stats_.num_device_free++;
-        updateStat(stats_.segment, block->small, -1);
-        updateStat(stats_.reserved_bytes, block->small, -static_cast<int64_t>(block->size));
-        delete block;
-      }
-    }
-  }
-
   const c10::DeviceIndex device_;
   Pool small_;
   Pool large_;
   DeviceStats stats_;
   std::vector<std::pair<std::unique_ptr<runtime::Event>, Block*>> pending_;
+  std::vector<runtime::Stream*> streams_;  // by stream id, looked up once
 };
 
 std::string formatBytes(int64_t bytes) {
@@ -298,9 +316,11 @@ class CachingAllocator final : public c10::Allocator {
     const auto device = currentDevice();
     if (n == 0) return c10::DataPtr(nullptr, c10::Device(kNPU, device));
     const int64_t stream = currentStream(device).id();
+    runtimeDevice(device);  // the runtime is in use from here on (see inBadFork)
+    const bool for_host = holdingStream(device, stream);
     std::unique_lock<std::mutex> lock(mutex_);
     auto& cache = deviceCache(device);
-    Block* block = cache.allocate(n, stream, lock);
+    Block* block = cache.allocate(n, stream, for_host, lock);
     if (block == nullptr) {
       const std::string summary = summaryLocked(device);
       std::size_t free_bytes = 0, total_bytes = 0;
@@ -330,6 +350,7 @@ class CachingAllocator final : public c10::Allocator {
   }
 
   void free(void* ptr) {
+    if (inBadFork()) return;  // a forked child: the parent's memory is not ours to reuse
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = allocated_.find(ptr);
     TORCH_INTERNAL_ASSERT(it != allocated_.end(), "npu allocator: free of an unknown pointer");
@@ -340,9 +361,8 @@ class CachingAllocator final : public c10::Allocator {
 
   void emptyCache() {
     for (c10::DeviceIndex d = 0; d < deviceCount(); ++d) {
-      synchronizeDevice(d);  // cached blocks may still be read by queued kernels
-      std::lock_guard<std::mutex> lock(mutex_);
-      deviceCache(d).emptyCache();
+      std::unique_lock<std::mutex> lock(mutex_);
+      deviceCache(d).releaseCachedSegments(lock);
     }
   }
 
@@ -382,6 +402,7 @@ class CachingAllocator final : public c10::Allocator {
     TORCH_CHECK(stream.device_type() == kNPU && stream.device_index() == it->second.second,
                 "record_stream: the tensor is on npu:", static_cast<int>(it->second.second), " but the stream is on ",
                 stream.device(), "; a tensor can only be recorded on streams of its own device");
+    npu::runtimeStream(stream);  // raises here for a stream that does not exist
     deviceCache(it->second.second).recordStream(it->second.first, stream.id());
   }
 
@@ -427,6 +448,12 @@ class CachingAllocator final : public c10::Allocator {
     out["num_device_free"] = stats.num_device_free;
     out["num_sync_all_streams"] = stats.num_sync_all_streams;
     out["max_split_size"] = -1;
+    // Blocks above max_split_size: none, since every block may be split.
+    for (const char* name : {"oversize_allocations", "oversize_segments"}) {
+      for (const char* field : {"current", "peak", "allocated", "freed"}) {
+        out[std::string(name) + "." + field] = 0;
+      }
+    }
     return out;
   }
 

@@ -30,9 +30,9 @@ void copyHostToDevice(at::Tensor& dst, const at::Tensor& src, bool non_blocking)
     recordPinnedUse(src.const_data_ptr(), stream);
     return;
   }
-  // Pageable memory may be freed as soon as we return: copy now, after the
-  // stream's earlier work on dst.
-  waitForDevice(device, "copy to npu");
+  // Pageable memory may be freed as soon as we return: copy now, in stream
+  // order (after the stream's earlier work on dst, before later kernels).
+  StreamHold hold(device, "copy to npu");
   cpuAlias(dst).copy_(src);
 }
 
@@ -45,7 +45,7 @@ void copyDeviceToHost(at::Tensor& dst, const at::Tensor& src, bool non_blocking)
     recordPinnedUse(dst.const_data_ptr(), stream);
     return;
   }
-  waitForDevice(device, "copy from npu to cpu");
+  StreamHold hold(device, "copy from npu to cpu");
   dst.copy_(cpuAlias(src));
 }
 

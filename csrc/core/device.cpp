@@ -1,12 +1,45 @@
 #include "device.h"
 
 #include <c10/util/Exception.h>
+#include <pthread.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+#include <string>
 
 namespace npu {
 
 namespace {
 thread_local c10::DeviceIndex t_current_device = 0;
+
+std::atomic<bool> g_initialized{false};
+std::atomic<bool> g_bad_fork{false};
+
+void markBadForkInChild() {
+  if (g_initialized.load()) g_bad_fork.store(true);
 }
+
+// The first real use of the runtime (memory, a stream): from now on a fork
+// leaves the child without the streams' worker threads.
+void markInitialized() {
+  if (g_initialized.load(std::memory_order_relaxed)) return;
+  static std::once_flag registered;
+  std::call_once(registered, [] { pthread_atfork(nullptr, nullptr, &markBadForkInChild); });
+  g_initialized.store(true);
+}
+
+[[noreturn]] void raiseBadFork() {
+  TORCH_CHECK(false, "Cannot re-initialize the npu in a forked subprocess: the parent process used the npu ",
+              "before fork(), and its streams do not survive a fork. To use the npu with multiprocessing, use "
+              "the 'spawn' start method (multiprocessing.set_start_method('spawn') or "
+              "torch.multiprocessing.get_context('spawn')), or create npu tensors only in the child.");
+}
+}  // namespace
+
+bool inBadFork() noexcept { return g_bad_fork.load(std::memory_order_relaxed); }
+bool runtimeInitialized() noexcept { return g_initialized.load(std::memory_order_relaxed); }
 
 c10::DeviceIndex deviceCount() noexcept {
   try {
@@ -17,6 +50,7 @@ c10::DeviceIndex deviceCount() noexcept {
 }
 
 void checkDevice(c10::DeviceIndex index) {
+  if (inBadFork()) raiseBadFork();
   const auto count = translateRuntimeErrors("npu init", [] { return runtime::hal().deviceCount(); });
   TORCH_CHECK(index >= 0 && index < count, "npu:", static_cast<int>(index),
               " is not a valid device: there are ", count,
@@ -36,8 +70,19 @@ c10::DeviceIndex resolveDevice(c10::DeviceIndex index) {
   return index;
 }
 
+c10::DeviceIndex toDeviceIndex(int64_t index, bool allow_current) {
+  if (allow_current && index == -1) return currentDevice();
+  const auto count = translateRuntimeErrors("npu init", [] { return runtime::hal().deviceCount(); });
+  TORCH_CHECK(index >= 0 && index < count, "npu:", index, " is not a valid device: there are ", count,
+              " npu device(s); use an index in [0, ", count, ")",
+              allow_current ? " or -1 for the current device" : "",
+              " (the emulator's count is set by NPU_EMU_DEVICES)");
+  return static_cast<c10::DeviceIndex>(index);
+}
+
 runtime::Device& runtimeDevice(c10::DeviceIndex index) {
   checkDevice(index);
+  markInitialized();
   return runtime::hal().device(index);
 }
 
@@ -46,13 +91,60 @@ void synchronizeDevice(c10::DeviceIndex index) {
   translateRuntimeErrors("torch.npu.synchronize()", [&] { device.synchronize(); });
 }
 
+namespace {
+
+bool showCppStacktraces() {
+  const char* value = std::getenv("TORCH_SHOW_CPP_STACKTRACES");
+  return value != nullptr && (std::string(value) == "1" || std::string(value) == "true");
+}
+
+// The failed kernel's message, raised again with its own Python type
+// (IndexError stays IndexError) and a short text: the op, where it ran, the
+// advice; the C++ backtrace only with TORCH_SHOW_CPP_STACKTRACES=1.
+[[noreturn]] void raiseKernelFailure(const runtime::KernelFailure& failure, const char* where) {
+  const bool backtrace = showCppStacktraces();
+  std::string cause = failure.message;
+  try {
+    if (failure.cause) std::rethrow_exception(failure.cause);
+  } catch (const c10::Error& e) {
+    cause = backtrace ? e.what() : e.msg();
+  } catch (...) {
+  }
+  std::ostringstream text;
+  text << "npu kernel '" << failure.kernel << "' failed on npu:" << failure.device << " (stream "
+       << failure.stream << ", kernel #" << failure.launch_index << " launched on it): " << cause
+       << "\nThe kernel ran asynchronously; its error is reported at " << where
+       << ", the first synchronisation point after it. Set NPU_LAUNCH_BLOCKING=1 to raise it where it "
+          "was launched.";
+  const std::string message = text.str();
+  try {
+    if (failure.cause) std::rethrow_exception(failure.cause);
+  } catch (const c10::IndexError&) {
+    TORCH_CHECK_INDEX(false, message);
+  } catch (const c10::ValueError&) {
+    TORCH_CHECK_VALUE(false, message);
+  } catch (const c10::TypeError&) {
+    TORCH_CHECK_TYPE(false, message);
+  } catch (const c10::NotImplementedError&) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, message);
+  } catch (const c10::LinAlgError&) {
+    TORCH_CHECK_LINALG(false, message);
+  } catch (const c10::OutOfMemoryError&) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, message);
+  } catch (const std::out_of_range&) {
+    TORCH_CHECK_INDEX(false, message);
+  } catch (...) {
+  }
+  TORCH_CHECK(false, message);
+}
+
+}  // namespace
+
 void rethrowRuntimeError(const char* where) {
   try {
     throw;
   } catch (const runtime::KernelError& e) {
-    TORCH_CHECK(false, e.what(), " (reported at ", where,
-                ", the next synchronisation point after the launch; set NPU_LAUNCH_BLOCKING=1 "
-                "to raise it where the kernel was launched)");
+    raiseKernelFailure(e.failure(), where);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "npu runtime error in ", where, ": ", e.what());
   }

@@ -11,8 +11,17 @@ namespace npu {
 constexpr c10::DeviceType kNPU = c10::DeviceType::PrivateUse1;
 
 c10::DeviceIndex deviceCount() noexcept;
-// Throws a c10::Error naming the valid range when `index` is not a device.
+// Throws a c10::Error naming the valid range when `index` is not a device
+// (or when this is a forked child of a process that used the npu).
 void checkDevice(c10::DeviceIndex index);
+// A device index from Python, validated as a full int before it is narrowed
+// to c10's 8 bits: -1 (when `allow_current`) means the current device.
+c10::DeviceIndex toDeviceIndex(int64_t index, bool allow_current = true);
+// True in a child forked after the parent used the npu: its streams' threads
+// did not survive the fork, so every npu use raises (as CUDA's does).
+bool inBadFork() noexcept;
+// True once this process used the npu runtime (memory, streams).
+bool runtimeInitialized() noexcept;
 c10::DeviceIndex currentDevice();
 void setDevice(c10::DeviceIndex index);
 // -1 means the current device.

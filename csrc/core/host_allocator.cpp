@@ -3,7 +3,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <thread>
+#include <algorithm>
 #include <vector>
 
 #include <c10/util/Exception.h>
@@ -13,15 +13,24 @@
 namespace npu {
 namespace {
 
+using Uses = std::vector<std::unique_ptr<runtime::Event>>;
+
 struct PinnedBlock {
   std::size_t size = 0;
-  std::vector<std::unique_ptr<runtime::Event>> uses;  // copies that may still run
+  Uses uses;  // stream-ordered copies that may still run
 };
+
+// Drops the uses whose copies completed (query, not synchronize: a failed
+// copy's error stays for its stream to report).
+void pruneCompleted(Uses& uses) {
+  uses.erase(std::remove_if(uses.begin(), uses.end(), [](const auto& use) { return use->query(); }), uses.end());
+}
 
 class PinnedHostAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(std::size_t n) override {
     if (n == 0) return c10::DataPtr(nullptr, c10::Device(c10::kCPU));
+    releaseFinished();
     void* ptr = runtime::hal().hostAllocate(n);
     TORCH_CHECK_WITH(OutOfMemoryError, ptr != nullptr, "pin_memory: could not allocate ", n,
                      " bytes of page-locked host memory");
@@ -44,38 +53,69 @@ class PinnedHostAllocator final : public c10::Allocator {
   }
 
   void recordUse(const void* ptr, runtime::Stream& stream) {
+    releaseFinished();
     const char* p = static_cast<const char*>(ptr);
+    auto event = runtime::hal().device(stream.device()).createEvent(false);
+    event->record(stream);
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = blocks_.upper_bound(p);
     if (it == blocks_.begin()) return;
     --it;
-    auto event = runtime::hal().device(stream.device()).createEvent(false);
-    event->record(stream);
+    pruneCompleted(it->second.uses);  // a buffer reused for many copies keeps only the pending ones
     it->second.uses.push_back(std::move(event));
+  }
+
+  // Pinned blocks kept for copies that are still queued (tests).
+  std::size_t pendingUses() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::size_t n = 0;
+    for (auto& [ptr, block] : blocks_) n += block.uses.size();
+    for (auto& [ptr, uses] : deferred_) n += uses.size();
+    return n;
   }
 
  private:
   static void release(void* ptr);
 
+  // A queued copy may still use the memory: the block is given back once its
+  // copies ran, never waited for here (this runs in a tensor's deleter).
   void free(void* ptr) {
-    std::vector<std::unique_ptr<runtime::Event>> uses;
+    releaseFinished();
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = blocks_.find(static_cast<const char*>(ptr));
       TORCH_INTERNAL_ASSERT(it != blocks_.end(), "pinned host allocator: unknown pointer");
-      uses = std::move(it->second.uses);
+      Uses uses = std::move(it->second.uses);
       blocks_.erase(it);
-    }
-    // A queued copy may still use the memory: let it finish before giving it back.
-    // (query, not synchronize: a failed copy's error stays for the stream to report)
-    for (auto& use : uses) {
-      while (!use->query()) std::this_thread::yield();
+      pruneCompleted(uses);
+      if (!uses.empty()) {
+        deferred_.emplace_back(ptr, std::move(uses));
+        return;
+      }
     }
     runtime::hal().hostFree(ptr);
   }
 
+  void releaseFinished() {
+    std::vector<void*> finished;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto it = deferred_.begin(); it != deferred_.end();) {
+        pruneCompleted(it->second);
+        if (it->second.empty()) {
+          finished.push_back(it->first);
+          it = deferred_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (void* ptr : finished) runtime::hal().hostFree(ptr);
+  }
+
   std::mutex mutex_;
   std::map<const char*, PinnedBlock> blocks_;
+  std::vector<std::pair<void*, Uses>> deferred_;  // freed by their tensors, copies still queued
 };
 
 PinnedHostAllocator* g_pinned = new PinnedHostAllocator();
@@ -86,5 +126,6 @@ void PinnedHostAllocator::release(void* ptr) { g_pinned->free(ptr); }
 c10::Allocator* pinnedHostAllocator() { return g_pinned; }
 bool isPinned(const void* ptr) { return ptr != nullptr && g_pinned->contains(ptr); }
 void recordPinnedUse(const void* ptr, runtime::Stream& stream) { g_pinned->recordUse(ptr, stream); }
+std::size_t pinnedPendingUses() { return g_pinned->pendingUses(); }
 
 }  // namespace npu

@@ -37,4 +37,15 @@ void launch(c10::DeviceIndex device, const char* name, runtime::Kernel kernel, s
   });
 }
 
+bool runIfIdle(c10::DeviceIndex device, const char* name, const runtime::Kernel& kernel, std::size_t bytes) {
+  auto& stream = currentRuntimeStream(device);
+  return stream.runIfIdle(
+      name,
+      [&kernel] {
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        kernel();
+      },
+      bytes);
+}
+
 }  // namespace npu

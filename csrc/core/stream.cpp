@@ -87,4 +87,37 @@ void synchronizeStream(const c10::Stream& stream, const char* where) {
 
 bool queryStream(const c10::Stream& stream) { return runtimeStream(stream).query(); }
 
+namespace {
+struct HeldStream {
+  c10::DeviceIndex device;
+  int64_t id;
+};
+thread_local std::vector<HeldStream> t_held;
+}  // namespace
+
+StreamHold::StreamHold(c10::DeviceIndex device, const char* where) : device_(resolveDevice(device)) {
+  stream_ = &currentRuntimeStream(device_);
+  translateRuntimeErrors(where, [&] { stream_->acquire(); });
+  t_held.push_back({device_, stream_->id()});
+  try {
+    translateRuntimeErrors(where, [&] { stream_->synchronize(); });  // the holder's: reports, never waits
+  } catch (...) {
+    t_held.pop_back();
+    stream_->release();
+    throw;
+  }
+}
+
+StreamHold::~StreamHold() {
+  t_held.pop_back();
+  stream_->release();
+}
+
+bool holdingStream(c10::DeviceIndex device, int64_t stream_id) {
+  for (const auto& held : t_held) {
+    if (held.device == device && held.id == stream_id) return true;
+  }
+  return false;
+}
+
 }  // namespace npu

@@ -22,4 +22,25 @@ runtime::Stream& currentRuntimeStream(c10::DeviceIndex device);
 void synchronizeStream(const c10::Stream& stream, const char* where = "stream synchronize");
 bool queryStream(const c10::Stream& stream);
 
+// Host code in stream order (ops that run on the calling thread, synchronous
+// copies, .item()): holds the current stream of `device` for its scope, after
+// the work launched before it ran; raises an earlier kernel's error. Kernels
+// other threads launch meanwhile queue behind it (runtime::Stream::acquire).
+class StreamHold {
+ public:
+  StreamHold(c10::DeviceIndex device, const char* where);
+  ~StreamHold();
+  StreamHold(const StreamHold&) = delete;
+  StreamHold& operator=(const StreamHold&) = delete;
+
+ private:
+  runtime::Stream* stream_;
+  c10::DeviceIndex device_;
+};
+
+// Whether this thread holds stream `stream_id` of `device` (a StreamHold):
+// memory it allocates is written at once, by the host, so the allocator gives
+// it only blocks whose earlier stream work has completed.
+bool holdingStream(c10::DeviceIndex device, int64_t stream_id);
+
 }  // namespace npu

@@ -2,6 +2,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "../core/copy.h"
 #include "../core/device.h"
 #include "../core/generator.h"
+#include "../core/stream.h"
 
 namespace npu::dispatch {
 
@@ -26,14 +28,6 @@ std::string trim(const std::string& s) {
 
 bool startsWith(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 
-const char* modeName(FallbackMode mode) {
-  switch (mode) {
-    case FallbackMode::Auto: return "auto";
-    case FallbackMode::Warn: return "warn";
-    case FallbackMode::Error: return "error";
-  }
-  return "?";
-}
 
 // "aten::exp" -> "npu_exp", the name users of NPU adapters grep logs for.
 std::string kernelName(const std::string& base) {
@@ -48,17 +42,27 @@ std::string describeTensor(const at::Tensor& t) {
   return out.str();
 }
 
-// "self: Tensor[Double, npu:0, [3]], other: Tensor[...]" and the dtypes seen.
+bool isScalarTypeArgument(const c10::Argument& arg) {
+  const auto& type = arg.real_type();
+  return type->kind() == c10::TypeKind::ScalarTypeType ||
+         (type->kind() == c10::TypeKind::OptionalType &&
+          type->containedType(0)->kind() == c10::TypeKind::ScalarTypeType);
+}
+
+// "self: Tensor[Double, npu:0, [3]], other: Tensor[...]" and the dtypes the op
+// computes in: its tensors' (not a wrapped Python number's) and a dtype= argument.
 std::string describeArguments(const c10::FunctionSchema& schema, const torch::jit::Stack& stack,
                               std::vector<std::string>* dtypes) {
   const auto& args = schema.arguments();
   const size_t begin = stack.size() - args.size();
   std::ostringstream out;
   bool first = true;
-  auto note_dtype = [&](const at::Tensor& t) {
-    if (!t.defined()) return;
-    std::string name = c10::toString(t.scalar_type());
+  auto note = [&](const std::string& name) {
     if (std::find(dtypes->begin(), dtypes->end(), name) == dtypes->end()) dtypes->push_back(name);
+  };
+  auto note_dtype = [&](const at::Tensor& t) {
+    if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
+    note(c10::toString(t.scalar_type()));
   };
   for (size_t i = 0; i < args.size(); ++i) {
     const auto& v = stack[begin + i];
@@ -71,6 +75,9 @@ std::string describeArguments(const c10::FunctionSchema& schema, const torch::ji
       text = "[" + std::to_string(list.size()) + " tensors" +
              (list.empty() ? std::string() : ", first " + describeTensor(list[0])) + "]";
       for (const auto& t : list) note_dtype(t);
+    } else if (v.isInt() && isScalarTypeArgument(args[i])) {
+      text = c10::toString(static_cast<c10::ScalarType>(v.toInt()));
+      note(text);
     } else if (v.isScalar() || v.isDevice() || v.isInt() || v.isDouble() || v.isBool()) {
       std::ostringstream s;
       s << v;
@@ -85,17 +92,22 @@ std::string describeArguments(const c10::FunctionSchema& schema, const torch::ji
 }
 
 [[noreturn]] void raiseNotSupported(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
-                                    FallbackReason reason, OpPolicy policy) {
+                                    FallbackReason reason, OpPolicy policy, const DtypeRefusal* refusal) {
   const auto& schema = op.schema();
   std::vector<std::string> dtypes;
   const std::string inputs = describeArguments(schema, stack, &dtypes);
   std::string dtype_list;
-  for (const auto& d : dtypes) dtype_list += (dtype_list.empty() ? "" : ", ") + d;
+  if (refusal != nullptr) {
+    dtype_list = refusal->refused;  // the dtype that made it fall back
+  } else {
+    for (const auto& d : dtypes) dtype_list += (dtype_list.empty() ? "" : ", ") + d;
+  }
   const std::string base = schema.name();
   std::ostringstream why;
   if (reason == FallbackReason::Dtype) {
-    why << "the npu kernel does not support dtype " << dtype_list
-        << " (the npu has no float64 or complex kernels; cast with .float() to stay on the npu)";
+    why << "the npu kernel does not support dtype " << dtype_list;
+    if (refusal != nullptr) why << "; it supports " << refusal->supported;
+    why << " (the npu has no float64 or complex kernels; cast with .float() to stay on the npu)";
   } else {
     why << "no npu kernel is registered for it";
   }
@@ -105,14 +117,14 @@ std::string describeArguments(const c10::FunctionSchema& schema, const torch::ji
            << "NPUFallbackMode.set_op_fallback('" << base << "', 'cpu') or remove the policy with "
            << "set_op_fallback('" << base << "', 'default').";
   } else {
-    remedy << "The fallback mode is '" << modeName(FallbackPolicy::instance().mode())
+    remedy << "The fallback mode is '" << fallbackModeName(FallbackPolicy::instance().mode())
            << "'. To run it on the CPU instead: torch_npu.set_fallback_mode('auto') (or 'warn'), the "
            << "environment variable NPU_FALLBACK_MODE=auto, or for this op only "
            << "NPUFallbackMode.set_op_fallback('" << base << "', 'cpu').";
   }
-  TORCH_CHECK_NOT_IMPLEMENTED(false, "Operator '", displayName(op), "' is not yet supported on npu (dtype ",
-                              dtype_list.empty() ? "none" : dtype_list, "): ", why.str(), ". Inputs: ", inputs,
-                              ". ", remedy.str());
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "Operator '", displayName(op), "' is not yet supported on npu",
+                              dtype_list.empty() ? std::string() : " (dtype " + dtype_list + ")", ": ", why.str(),
+                              ". Inputs: ", inputs.empty() ? std::string("none") : inputs, ". ", remedy.str());
 }
 
 at::Tensor toHost(const at::Tensor& t, int64_t* bytes) {
@@ -141,14 +153,15 @@ FallbackPolicy& FallbackPolicy::instance() {
   return *policy;
 }
 
-FallbackPolicy::FallbackPolicy() {
-  // Bad values are reported by torch_npu at import (see envError()).
-  if (const char* mode = std::getenv("NPU_FALLBACK_MODE")) {
-    const std::string m = trim(mode);
-    if (m == "warn") mode_ = FallbackMode::Warn;
-    else if (m == "error") mode_ = FallbackMode::Error;
-    else if (!m.empty() && m != "auto") {
-      env_error_ = "NPU_FALLBACK_MODE='" + m + "' is not a fallback mode; use auto, warn or error";
+FallbackPolicy::FallbackPolicy() = default;
+
+void FallbackPolicy::loadEnvironment() {
+  if (const char* mode = std::getenv("NPU_FALLBACK_MODE"); mode != nullptr && !trim(mode).empty()) {
+    try {
+      setMode(parseFallbackMode(mode));
+    } catch (const std::invalid_argument&) {
+      throw std::invalid_argument("NPU_FALLBACK_MODE='" + trim(mode) +
+                                  "' is not a fallback mode; use auto, warn or error (any case)");
     }
   }
   if (const char* ops = std::getenv("NPU_FALLBACK_OPS")) {
@@ -158,16 +171,41 @@ FallbackPolicy::FallbackPolicy() {
       item = trim(item);
       if (item.empty()) continue;
       try {
-        setOpPolicy(canonicalOpName(item).first, OpPolicy::Cpu);
-      } catch (const std::exception&) {
-        env_error_ = "NPU_FALLBACK_OPS: '" + item + "' is not an operator name; use e.g. NPU_FALLBACK_OPS=exp,isin";
+        setOpPolicy(existingOpName(item), OpPolicy::Cpu);
+      } catch (const c10::Error& e) {
+        throw std::invalid_argument("NPU_FALLBACK_OPS='" + std::string(ops) + "': " + e.msg() +
+                                    " (a comma-separated list of operators, e.g. NPU_FALLBACK_OPS=exp,isin)");
       }
     }
   }
-  if (const char* retry = std::getenv("NPU_FALLBACK_ON_ERROR")) {
-    const std::string r = trim(retry);
-    retry_on_error_ = r == "1" || r == "true" || r == "yes" || r == "on";
+  if (const char* retry = std::getenv("NPU_FALLBACK_ON_ERROR"); retry != nullptr) {
+    std::string r = trim(retry);
+    std::transform(r.begin(), r.end(), r.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (r == "1" || r == "true" || r == "yes" || r == "on") {
+      setRetryOnKernelError(true);
+    } else if (!(r.empty() || r == "0" || r == "false" || r == "no" || r == "off")) {
+      throw std::invalid_argument("NPU_FALLBACK_ON_ERROR='" + std::string(retry) +
+                                  "' is not a switch; use 1 (on) or 0 (off)");
+    }
   }
+}
+
+FallbackMode parseFallbackMode(const std::string& text) {
+  std::string m = trim(text);
+  std::transform(m.begin(), m.end(), m.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (m == "auto") return FallbackMode::Auto;
+  if (m == "warn") return FallbackMode::Warn;
+  if (m == "error") return FallbackMode::Error;
+  throw std::invalid_argument("'" + text + "' is not a fallback mode; use 'auto', 'warn' or 'error'");
+}
+
+const char* fallbackModeName(FallbackMode mode) {
+  switch (mode) {
+    case FallbackMode::Auto: return "auto";
+    case FallbackMode::Warn: return "warn";
+    case FallbackMode::Error: return "error";
+  }
+  return "?";
 }
 
 void FallbackPolicy::setOpPolicy(const std::string& op, OpPolicy policy) {
@@ -256,7 +294,8 @@ std::pair<std::string, std::string> canonicalOpName(const std::string& raw) {
     std::stringstream in(name.substr(10));
     std::string part;
     while (std::getline(in, part, '.')) parts.push_back(part);
-    TORCH_CHECK(parts.size() >= 2, "'", raw, "' is not an operator name; expected e.g. torch.ops.aten.exp");
+    TORCH_CHECK(parts.size() >= 2 && !parts[0].empty() && !parts[1].empty(), "'", raw,
+                "' is not an operator name; expected e.g. torch.ops.aten.exp");
     ns = parts[0];
     name = parts[1];
     if (parts.size() >= 3 && parts[2] != "default") overload = parts[2];
@@ -280,8 +319,45 @@ std::pair<std::string, std::string> canonicalOpName(const std::string& raw) {
     name = name.substr(0, dot);
     if (overload == "default") overload.clear();
   }
-  TORCH_CHECK(!name.empty(), "'", raw, "' is not an operator name; expected e.g. 'exp', 'torch.exp' or 'aten::exp'");
+  TORCH_CHECK(!name.empty() && !ns.empty(), "'", raw,
+              "' is not an operator name; expected e.g. 'exp', 'torch.exp' or 'aten::exp'");
   return {ns + "::" + name, overload};
+}
+
+namespace {
+std::size_t editDistance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+}  // namespace
+
+std::string existingOpName(const std::string& raw) {
+  const std::string name = canonicalOpName(raw).first;
+  const auto ns_end = name.find("::");
+  const std::string ns = name.substr(0, ns_end + 2);
+  std::vector<std::pair<std::size_t, std::string>> near;
+  for (const auto& op : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (op.name == name) return name;
+    if (op.name.rfind(ns, 0) != 0) continue;
+    const std::string short_name = op.name.substr(ns.size());
+    near.emplace_back(editDistance(name.substr(ns.size()), short_name), short_name);
+  }
+  std::sort(near.begin(), near.end());
+  near.erase(std::unique(near.begin(), near.end()), near.end());
+  std::string suggestions;
+  for (std::size_t i = 0; i < near.size() && i < 3; ++i) suggestions += (i ? ", " : "") + near[i].second;
+  TORCH_CHECK_VALUE(false, "'", raw, "' is not an operator (no ", name, " is registered)",
+                    suggestions.empty() ? std::string() : "; did you mean " + suggestions + "?");
 }
 
 std::string displayName(const c10::OperatorHandle& op) {
@@ -291,14 +367,15 @@ std::string displayName(const c10::OperatorHandle& op) {
 
 // ---- the fallback ------------------------------------------------------------
 
-void checkFallbackAllowed(const c10::OperatorHandle& op, const torch::jit::Stack& stack, FallbackReason reason) {
+void checkFallbackAllowed(const c10::OperatorHandle& op, const torch::jit::Stack& stack, FallbackReason reason,
+                          const DtypeRefusal* refusal) {
   auto& policy = FallbackPolicy::instance();
   const auto& schema = op.schema();
   const std::string& base = schema.name();
   const OpPolicy op_policy = policy.opPolicy(base);
   const bool allowed = op_policy == OpPolicy::Cpu || reason == FallbackReason::KernelError ||
                        (op_policy != OpPolicy::Npu && policy.mode() != FallbackMode::Error);
-  if (!allowed) raiseNotSupported(op, stack, reason, op_policy);
+  if (!allowed) raiseNotSupported(op, stack, reason, op_policy, refusal);
 
   for (const auto& ret : schema.returns()) {
     TORCH_CHECK(ret.alias_info() == nullptr || ret.alias_info()->isWrite(), "Operator '", displayName(op),
@@ -319,8 +396,35 @@ void checkFallbackAllowed(const c10::OperatorHandle& op, const torch::jit::Stack
   }
 }
 
-void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, FallbackReason reason) {
-  checkFallbackAllowed(op, *stack, reason);
+// The npu device an op falls back from: its first npu tensor, else its npu
+// device argument, else the current device.
+c10::Device fallbackDevice(const torch::jit::Stack& stack, size_t begin) {
+  auto npu_of = [](const at::Tensor& t) { return t.defined() && t.device().type() == kNPU; };
+  for (size_t i = begin; i < stack.size(); ++i) {
+    const auto& v = stack[i];
+    if (v.isTensor() && npu_of(v.toTensor())) return v.toTensor().device();
+    if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) {
+        if (npu_of(t)) return t.device();
+      }
+    }
+    if (v.isOptionalTensorList()) {
+      for (const auto& t : v.toOptionalTensorVector()) {
+        if (t.has_value() && npu_of(*t)) return t->device();
+      }
+    }
+  }
+  for (size_t i = begin; i < stack.size(); ++i) {
+    if (stack[i].isDevice() && stack[i].toDevice().type() == kNPU) {
+      return c10::Device(kNPU, resolveDevice(stack[i].toDevice().index()));
+    }
+  }
+  return c10::Device(kNPU, currentDevice());
+}
+
+void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, FallbackReason reason,
+                 const DtypeRefusal* refusal) {
+  checkFallbackAllowed(op, *stack, reason, refusal);
   auto& policy = FallbackPolicy::instance();
   const auto& schema = op.schema();
 
@@ -329,10 +433,11 @@ void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, Fallba
   int64_t to_npu = 0;
   const auto& args = schema.arguments();
   const size_t begin = stack->size() - args.size();
-  std::optional<c10::Device> target;
-  auto note_device = [&](const at::Tensor& t) {
-    if (!target && t.defined() && t.device().type() == kNPU) target = t.device();
-  };
+  const c10::Device target = fallbackDevice(*stack, begin);
+  c10::DeviceGuard guard(target);
+  // The whole round trip is one step of the stream: no kernel of another
+  // thread runs between reading the inputs and writing the results.
+  StreamHold hold(target.index(), displayName(op).c_str());
 
   // Inputs to the host; remember those the op writes to (in-place, out=).
   struct Written {
@@ -348,14 +453,12 @@ void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, Fallba
     originals[i] = v;
     if (v.isTensor()) {
       const at::Tensor t = v.toTensor();
-      note_device(t);
       at::Tensor host = toHost(t, &to_cpu);
       if (writes && t.defined() && t.device().type() == kNPU) written.push_back({t, host});
       v = host;
     } else if (v.isTensorList()) {
       std::vector<at::Tensor> hosts;
       for (const at::Tensor& t : v.toTensorVector()) {
-        note_device(t);
         hosts.push_back(toHost(t, &to_cpu));
         if (writes && t.defined() && t.device().type() == kNPU) written.push_back({t, hosts.back()});
       }
@@ -363,18 +466,17 @@ void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, Fallba
     } else if (v.isOptionalTensorList()) {
       c10::List<std::optional<at::Tensor>> hosts;
       for (const std::optional<at::Tensor>& t : v.toOptionalTensorVector()) {
-        if (t.has_value()) note_device(*t);
         hosts.push_back(t.has_value() ? std::optional<at::Tensor>(toHost(*t, &to_cpu)) : std::nullopt);
       }
       v = hosts;
     } else if (v.isDevice() && v.toDevice().type() == kNPU) {
-      if (!target) target = c10::Device(kNPU, resolveDevice(v.toDevice().index()));
       v = c10::Device(c10::kCPU);
     } else if (v.isGenerator() && v.toGenerator().device().type() == kNPU) {
-      v = engineFor(v.toGenerator(), v.toGenerator().device().index());
+      v = drawFor(v.toGenerator(), v.toGenerator().device().index());
+    } else if (v.isNone() && isGeneratorArgument(args[i])) {
+      v = drawFor(std::nullopt, target.index());  // the npu's default generator, not the cpu's
     }
   }
-  if (!target) target = c10::Device(kNPU, currentDevice());
 
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 
@@ -391,7 +493,7 @@ void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, Fallba
   auto to_device = [&](const at::Tensor& t) {
     if (!t.defined() || t.device().type() == kNPU) return t;
     to_npu += static_cast<int64_t>(t.numel() * t.itemsize());
-    return t.to(*target);
+    return t.to(target);
   };
   for (size_t r = 0; r < returns.size(); ++r) {
     c10::IValue& v = (*stack)[returns_begin + r];

@@ -60,8 +60,10 @@ class FallbackPolicy {
   void setLogger(Logger logger);
   void log(const std::string& line) const;
 
-  // A complaint about NPU_FALLBACK_MODE / NPU_FALLBACK_OPS, or "" (checked at import).
-  const std::string& environmentError() const { return env_error_; }
+  // Reads NPU_FALLBACK_MODE, NPU_FALLBACK_OPS and NPU_FALLBACK_ON_ERROR (at
+  // import, once every operator is registered): a bad value throws
+  // std::invalid_argument naming the variable and the accepted forms.
+  void loadEnvironment();
 
   // Warn mode: true the first time an op falls back (and until resetWarnings).
   bool firstWarning(const std::string& op);
@@ -77,21 +79,39 @@ class FallbackPolicy {
   std::map<std::string, OpFallbackStats> stats_;
   std::unordered_map<std::string, bool> warned_;
   Logger logger_;
-  std::string env_error_;
 };
 
 // "exp", "torch.exp", "aten::exp", "aten::exp.out", "torch.ops.aten.exp.default",
 // "Tensor.exp_" -> {"aten::exp", overload} (overload "" when not given).
+// Throws c10::Error for text that is no operator name ("", "aten::", ".").
 std::pair<std::string, std::string> canonicalOpName(const std::string& name);
+// The canonical name of an operator that exists (any overload), for policies:
+// raises for an unknown one, suggesting the closest known names.
+std::string existingOpName(const std::string& name);
+
+// For FallbackReason::Dtype: the dtype the native kernel refused and the ones
+// it supports, as error messages name them.
+struct DtypeRefusal {
+  std::string refused;    // "Double"
+  std::string supported;  // "Float, Half, BFloat16, Byte, ..."
+};
 
 // Runs `op` on the CPU with the stack's npu tensors copied to the host, per the
-// mode and policies. Raises for mode "error" or an op policy "npu".
-void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, FallbackReason reason);
+// mode and policies. Raises for mode "error" or an op policy "npu". The op runs
+// in stream order: it holds the current stream of its device (core/stream.h).
+void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, FallbackReason reason,
+                 const DtypeRefusal* refusal = nullptr);
 
 // The checks cpuFallback() makes before it runs `op` on the CPU: raises for
 // mode "error" or an op policy "npu"; warns (mode "warn") and logs. For
 // kernels that fall back by hand (convolution has no CPU kernel of its own name).
-void checkFallbackAllowed(const c10::OperatorHandle& op, const torch::jit::Stack& stack, FallbackReason reason);
+void checkFallbackAllowed(const c10::OperatorHandle& op, const torch::jit::Stack& stack, FallbackReason reason,
+                          const DtypeRefusal* refusal = nullptr);
+
+// "auto", "warn", "error" in any case, with spaces around: the one parser of
+// NPU_FALLBACK_MODE and set_fallback_mode(). Throws std::invalid_argument.
+FallbackMode parseFallbackMode(const std::string& text);
+const char* fallbackModeName(FallbackMode mode);
 
 // "aten::add.Tensor": the name error messages use.
 std::string displayName(const c10::OperatorHandle& op);

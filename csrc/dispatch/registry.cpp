@@ -1,5 +1,7 @@
 #include "registry.h"
 
+#include <tuple>
+
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
@@ -62,7 +64,13 @@ int overloadRank(const std::string& overload) {
 }  // namespace
 
 std::optional<OpResolution> resolveOp(const std::string& raw) {
-  auto [name, overload] = canonicalOpName(raw);
+  std::string name;
+  std::string overload;
+  try {
+    std::tie(name, overload) = canonicalOpName(raw);
+  } catch (const c10::Error&) {
+    return std::nullopt;  // "", "aten::", "." name no operator
+  }
   auto& dispatcher = c10::Dispatcher::singleton();
   if (!overload.empty()) {
     auto op = dispatcher.findSchema({name, overload});

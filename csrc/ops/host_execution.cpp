@@ -61,8 +61,10 @@ void installHostAllocatorRedirect() {
 }
 
 HostExecution::HostExecution(c10::Device device)
-    : device_(device), guard_(device), previous_redirect_(t_redirect_device) {
-  synchronizeStream(currentStream(device.index()), "an npu kernel that runs on the host thread");
+    : device_(device),
+      guard_(device),
+      hold_(device.index(), "an npu kernel that runs on the host thread"),
+      previous_redirect_(t_redirect_device) {
   t_redirect_device = device.index();
 }
 

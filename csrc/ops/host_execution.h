@@ -14,6 +14,8 @@
 
 #include <unordered_map>
 
+#include "../core/stream.h"
+
 namespace npu::ops {
 
 // Installs the CPU allocator that can redirect to npu memory (at module init).
@@ -21,7 +23,8 @@ void installHostAllocatorRedirect();
 
 class HostExecution {
  public:
-  // Waits for the current stream of `device` (raising an earlier kernel's error).
+  // Holds the current stream of `device` (core/stream.h's StreamHold): runs
+  // after the work launched before it, before what other threads launch meanwhile.
   explicit HostExecution(c10::Device device);
   ~HostExecution();
   HostExecution(const HostExecution&) = delete;
@@ -45,6 +48,7 @@ class HostExecution {
 
   c10::Device device_;
   c10::DeviceGuard guard_;
+  StreamHold hold_;
   c10::DeviceIndex previous_redirect_;
   std::unordered_map<const c10::TensorImpl*, at::Tensor> originals_;      // alias impl -> npu tensor
   std::unordered_map<const void*, at::Tensor> by_memory_;                  // storage base -> npu tensor

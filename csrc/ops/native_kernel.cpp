@@ -1,5 +1,6 @@
 #include "native_kernel.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceGuard.h>
 
@@ -79,19 +80,15 @@ void checkNotHost(const c10::OperatorHandle& op, const c10::Argument& arg, const
               "'))");
 }
 
-bool isGeneratorArgument(const c10::Argument& arg) {
-  return arg.type()->kind() == c10::TypeKind::OptionalType &&
-         arg.type()->containedType(0)->kind() == c10::TypeKind::GeneratorType;
-}
-
-// The npu engine for a generator argument: the given npu generator's, or for
-// None the device's default one (so torch.manual_seed governs npu sampling).
 bool isGeneratorValue(const c10::IValue& v, const c10::Argument& arg) {
   return v.isGenerator() || (v.isNone() && isGeneratorArgument(arg));
 }
 
-at::Generator engineOf(const c10::IValue& v, c10::Device device) {
-  return engineFor(v.isGenerator() ? std::optional<at::Generator>(v.toGenerator()) : std::nullopt, device.index());
+// The kernel's draw from a generator argument, taken now (at launch): from the
+// given npu generator, or for None the device's default one (so
+// torch.manual_seed governs npu sampling).
+at::Generator drawOf(const c10::IValue& v, c10::Device device) {
+  return drawFor(v.isGenerator() ? std::optional<at::Generator>(v.toGenerator()) : std::nullopt, device.index());
 }
 
 // A ScalarType? argument (dtype=) arrives as an int; its real type says so.
@@ -100,6 +97,48 @@ bool isScalarTypeArgument(const c10::Argument& arg) {
   return type->kind() == c10::TypeKind::ScalarTypeType ||
          (type->kind() == c10::TypeKind::OptionalType &&
           type->containedType(0)->kind() == c10::TypeKind::ScalarTypeType);
+}
+
+// A meta tensor with the geometry and dtype of the CPU alias `t`.
+at::Tensor metaLike(const at::Tensor& t) {
+  if (!t.defined() || (t.dim() == 0 && t.unsafeGetTensorImpl()->is_wrapped_number())) {
+    return t;
+  }
+  return at::detail::empty_strided_meta(t.sizes(), t.strides(), t.scalar_type(), std::nullopt, std::nullopt,
+                                        std::nullopt);
+}
+
+// Whether the op's Meta kernel accepts the arguments' metadata (shapes,
+// dtypes, broadcasting). Random ops and ops without a Meta kernel pass.
+bool metadataAccepted(const c10::OperatorHandle& op, const std::vector<c10::IValue>& cpu_args) {
+  if (!op.hasKernelForDispatchKey(c10::DispatchKey::Meta)) return true;
+  torch::jit::Stack meta;
+  meta.reserve(cpu_args.size());
+  for (const auto& v : cpu_args) {
+    if (v.isTensor()) {
+      meta.emplace_back(metaLike(v.toTensor()));
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> list;
+      for (const at::Tensor& t : v.toTensorVector()) list.push_back(metaLike(t));
+      meta.emplace_back(std::move(list));
+    } else if (v.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> list;
+      for (const auto& t : v.toOptionalTensorVector()) {
+        list.push_back(t.has_value() ? std::optional<at::Tensor>(metaLike(*t)) : std::nullopt);
+      }
+      meta.emplace_back(std::move(list));
+    } else if (v.isGenerator()) {
+      return true;  // a random op: nothing the meta kernel could tell
+    } else {
+      meta.push_back(v);
+    }
+  }
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+  } catch (const c10::Error&) {
+    return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -133,29 +172,39 @@ bool NativeKernel::accepts(c10::ScalarType type) const {
   return dtypes_.contains(type) || c10::isIntegralType(type, /*includeBool=*/true);
 }
 
-bool NativeKernel::supportsDtypes(const c10::OperatorHandle& op, const torch::jit::Stack& stack) const {
+std::optional<c10::ScalarType> NativeKernel::refusedDtype(const c10::OperatorHandle& op,
+                                                          const torch::jit::Stack& stack) const {
   const auto& args = op.schema().arguments();
   const size_t begin = stack.size() - args.size();
   for (size_t i = begin; i < stack.size(); ++i) {
     const auto& v = stack[i];
     if (v.isTensor()) {
       const auto& t = v.toTensor();
-      if (isNpu(t) && !accepts(t.scalar_type())) return false;
+      if (isNpu(t) && !accepts(t.scalar_type())) return t.scalar_type();
     } else if (v.isTensorList()) {
       for (const at::Tensor& t : v.toTensorVector()) {
-        if (isNpu(t) && !accepts(t.scalar_type())) return false;
+        if (isNpu(t) && !accepts(t.scalar_type())) return t.scalar_type();
       }
     } else if (v.isOptionalTensorList()) {
       for (const auto& t : v.toOptionalTensorVector()) {
-        if (t.has_value() && isNpu(*t) && !accepts(t->scalar_type())) return false;
+        if (t.has_value() && isNpu(*t) && !accepts(t->scalar_type())) return t->scalar_type();
       }
     } else if (v.isInt() && isScalarTypeArgument(args[i - begin])) {
-      if (!accepts(static_cast<c10::ScalarType>(v.toInt()))) return false;
+      const auto type = static_cast<c10::ScalarType>(v.toInt());
+      if (!accepts(type)) return type;
     } else if (v.isComplexDouble()) {
-      return false;
+      return c10::kComplexDouble;
     }
   }
-  return true;
+  return std::nullopt;
+}
+
+std::string NativeKernel::supportedDtypes() const {
+  std::string floating;
+  for (auto type : {c10::kFloat, c10::kHalf, c10::kBFloat16}) {
+    if (dtypes_.contains(type)) floating += (floating.empty() ? "" : ", ") + std::string(c10::toString(type));
+  }
+  return floating.empty() ? "the integer and bool types only" : floating + " and the integer and bool types";
 }
 
 void NativeKernel::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/,
@@ -166,9 +215,12 @@ void NativeKernel::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet
     dispatch::cpuFallback(op, stack, FallbackReason::Policy);
     return;
   }
-  if (!t.is_view && !supportsDtypes(op, *stack)) {
-    dispatch::cpuFallback(op, stack, FallbackReason::Dtype);
-    return;
+  if (!t.is_view) {
+    if (auto refused = refusedDtype(op, *stack)) {
+      const dispatch::DtypeRefusal refusal{c10::toString(*refused), supportedDtypes()};
+      dispatch::cpuFallback(op, stack, FallbackReason::Dtype, &refusal);
+      return;
+    }
   }
   if (policy.retryOnKernelError() && !t.is_view) {
     // Run now on the host thread so an error is seen here and can be retried.
@@ -232,7 +284,7 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
       }
       args.emplace_back(std::move(list));
     } else if (isGeneratorValue(v, arg)) {
-      args.emplace_back(engineOf(v, device));
+      args.emplace_back(drawOf(v, device));
     } else {
       args.push_back(v);
     }
@@ -250,8 +302,20 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
       }
     }
   }
-  launch(device.index(), op.operator_name().name.c_str(),
-         [op, args = std::move(args)]() mutable { op.redispatchBoxed(kCPUKeys, &args); }, bytes);
+  const char* name = op.operator_name().name.c_str();
+  // An idle stream runs it here and now: every error raises at the call.
+  if (runIfIdle(device.index(), name, [&] { op.redispatchBoxed(kCPUKeys, &args); }, bytes)) return;
+  // Queued behind other work: what metadata can show must still raise here.
+  if (!metadataAccepted(op, args)) {
+    // The meta kernel objects (or is not exact for this op): let the real
+    // kernel decide, in stream order on this thread, raising at the call.
+    torch::jit::drop(*stack, schema.returns().size());
+    stack->insert(stack->end(), originals.begin(), originals.end());
+    runOnHost(op, stack);
+    return;
+  }
+  launch(device.index(), name, [op, args = std::move(args)]() mutable { op.redispatchBoxed(kCPUKeys, &args); },
+         bytes);
 }
 
 void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -288,7 +352,7 @@ void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* s
     } else if (v.isDevice() && v.toDevice().type() == kNPU) {
       v = c10::Device(c10::kCPU);
     } else if (isGeneratorValue(v, arg)) {
-      v = engineOf(v, device);
+      v = drawOf(v, device);
     }
   }
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <mutex>
+#include <optional>
 #include <string>
 
 namespace npu::ops {
@@ -56,7 +57,9 @@ class NativeKernel final : public c10::OperatorKernel {
     bool in_place = false;     // writes only to its arguments, no out=: can be queued
   };
   const Traits& traits(const c10::OperatorHandle& op);
-  bool supportsDtypes(const c10::OperatorHandle& op, const torch::jit::Stack& stack) const;
+  // The first dtype among the inputs (or a dtype= argument) the kernel lacks.
+  std::optional<c10::ScalarType> refusedDtype(const c10::OperatorHandle& op, const torch::jit::Stack& stack) const;
+  std::string supportedDtypes() const;
   void runQueued(const c10::OperatorHandle& op, torch::jit::Stack* stack);
   void runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 

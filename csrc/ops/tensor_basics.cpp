@@ -90,6 +90,10 @@ at::Tensor& setStorage(at::Tensor& self, c10::Storage source, int64_t storage_of
                        c10::IntArrayRef stride) {
   TORCH_CHECK(source.device().type() == kNPU, "aten::set_ on an npu tensor needs an npu storage, got a ",
               source.device(), " storage; move it with .npu() first");
+  // As ATen's checkSetStorage for cpu and cuda tensors: set_ never moves a tensor.
+  TORCH_CHECK(source.device() == self.device(), "Attempted to set the storage of a tensor on device \"",
+              self.device(), "\" to a storage on different device \"", source.device(),
+              "\".  This is no longer allowed; the devices must match.");
   TORCH_CHECK(storage_offset >= 0, "aten::set_: storage offset must be non-negative, got ", storage_offset);
   auto* impl = self.unsafeGetTensorImpl();
   if (!impl->storage().is_alias_of(source)) impl->set_storage_keep_dtype(std::move(source));
@@ -168,7 +172,7 @@ at::Tensor& fillTensor(at::Tensor& self, const at::Tensor& value) {
 at::Tensor& zero(at::Tensor& self) { return fillScalar(self, 0); }
 
 c10::Scalar localScalarDense(const at::Tensor& self) {
-  synchronizeStream(currentStream(self.device().index()), "Tensor.item()");
+  StreamHold hold(self.device().index(), "Tensor.item()");
   return cpuAlias(self).item();
 }
 

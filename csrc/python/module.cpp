@@ -10,6 +10,7 @@
 #include "../core/allocator.h"
 #include "../core/device.h"
 #include "../core/generator.h"
+#include "../core/host_allocator.h"
 #include "../core/launch.h"
 #include "../core/stream.h"
 #include "../dispatch/fallback.h"
@@ -29,19 +30,32 @@ py::tuple packStream(const c10::Stream& s) {
   return py::make_tuple(s.id(), static_cast<int>(s.device_index()), static_cast<int>(s.device_type()));
 }
 
-c10::Stream unpackStream(int64_t id, int device) {
-  return c10::Stream(c10::Stream::UNSAFE, c10::Device(npu::kNPU, static_cast<c10::DeviceIndex>(device)), id);
+c10::Stream unpackStream(int64_t id, int64_t device) {
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(npu::kNPU, npu::toDeviceIndex(device, /*allow_current=*/false)),
+                     id);
 }
 
 void bindRuntime(py::module_& m) {
   m.def("_device_count", [] { return static_cast<int>(npu::deviceCount()); });
   m.def("_current_device", [] { return static_cast<int>(npu::currentDevice()); });
-  m.def("_set_device", [](int d) { npu::setDevice(static_cast<c10::DeviceIndex>(d)); });
-  m.def("_synchronize", [](int d) { npu::synchronizeDevice(static_cast<c10::DeviceIndex>(d)); },
+  m.def("_set_device", [](int64_t d) { npu::setDevice(npu::toDeviceIndex(d, /*allow_current=*/false)); });
+  m.def("_synchronize", [](int64_t d) { npu::synchronizeDevice(npu::toDeviceIndex(d)); },
         py::call_guard<py::gil_scoped_release>());
   m.def("_hal_name", [] { return npu::runtime::hal().name(); });
-  m.def("_device_properties", [](int d) {
-    const auto& p = npu::runtimeDevice(static_cast<c10::DeviceIndex>(d)).properties();
+  // A bad NPU_EMU_* / NPU_LAUNCH_BLOCKING value, or "" (checked at import).
+  m.def("_runtime_environment_error", []() -> std::string {
+    try {
+      npu::runtime::hal();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  });
+  m.def("_is_in_bad_fork", [] { return npu::inBadFork(); });
+  m.def("_is_initialized", [] { return npu::runtimeInitialized(); });
+  m.def("_pinned_pending_uses", [] { return npu::pinnedPendingUses(); });
+  m.def("_device_properties", [](int64_t d) {
+    const auto& p = npu::runtimeDevice(npu::toDeviceIndex(d)).properties();
     py::dict out;
     out["name"] = p.name;
     out["total_memory"] = p.total_memory;
@@ -51,25 +65,25 @@ void bindRuntime(py::module_& m) {
     return out;
   });
   // Kernels for tests of asynchrony and error reporting (torch.npu._sleep, ...).
-  m.def("_launch_sleep", [](int d, double ms) {
-    npu::launch(static_cast<c10::DeviceIndex>(d), "npu._sleep", [ms] {
+  m.def("_launch_sleep", [](int64_t d, double ms) {
+    npu::launch(npu::toDeviceIndex(d), "npu._sleep", [ms] {
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
     }, 0);
   });
-  m.def("_launch_failing", [](int d, const std::string& message) {
-    npu::launch(static_cast<c10::DeviceIndex>(d), "npu._launch_failing_kernel",
+  m.def("_launch_failing", [](int64_t d, const std::string& message) {
+    npu::launch(npu::toDeviceIndex(d), "npu._launch_failing_kernel",
                 [message] { throw std::runtime_error(message); }, 0);
   });
-  m.def("_mem_get_info", [](int d) {
+  m.def("_mem_get_info", [](int64_t d) {
     std::size_t free = 0, total = 0;
-    npu::runtimeDevice(static_cast<c10::DeviceIndex>(d)).memoryInfo(&free, &total);
+    npu::runtimeDevice(npu::toDeviceIndex(d)).memoryInfo(&free, &total);
     return py::make_tuple(free, total);
   });
 }
 
 void bindStreams(py::module_& m) {
-  m.def("_current_stream", [](int d) { return packStream(npu::currentStream(static_cast<c10::DeviceIndex>(d))); });
-  m.def("_default_stream", [](int d) { return packStream(npu::defaultStream(static_cast<c10::DeviceIndex>(d))); });
+  m.def("_current_stream", [](int64_t d) { return packStream(npu::currentStream(npu::toDeviceIndex(d))); });
+  m.def("_default_stream", [](int64_t d) { return packStream(npu::defaultStream(npu::toDeviceIndex(d))); });
   // torch.Event.elapsed_time rejects subclasses such as torch.npu.Event.
   m.def("_event_elapsed_time", [](py::handle start, py::handle end) {
     for (auto h : {start, end}) {
@@ -80,31 +94,32 @@ void bindStreams(py::module_& m) {
     auto& b = reinterpret_cast<THPEvent*>(end.ptr())->event;
     return a.elapsedTime(b);
   });
-  m.def("_stream_priority", [](int64_t id, int d) { return npu::runtimeStream(unpackStream(id, d)).priority(); });
-  m.def("_set_stream", [](int64_t id, int d) { npu::exchangeStream(unpackStream(id, d)); });
+  m.def("_stream_priority", [](int64_t id, int64_t d) { return npu::runtimeStream(unpackStream(id, d)).priority(); });
+  m.def("_set_stream", [](int64_t id, int64_t d) { npu::exchangeStream(unpackStream(id, d)); });
 }
 
 void bindMemory(py::module_& m) {
-  m.def("_memory_stats", [](int d) { return npu::allocator::memoryStats(static_cast<c10::DeviceIndex>(d)); });
-  m.def("_reset_peak_memory_stats", [](int d) { npu::allocator::resetPeakStats(static_cast<c10::DeviceIndex>(d)); });
+  m.def("_memory_stats", [](int64_t d) { return npu::allocator::memoryStats(npu::toDeviceIndex(d)); });
+  m.def("_reset_peak_memory_stats", [](int64_t d) { npu::allocator::resetPeakStats(npu::toDeviceIndex(d)); });
   m.def("_reset_accumulated_memory_stats",
-        [](int d) { npu::allocator::resetAccumulatedStats(static_cast<c10::DeviceIndex>(d)); });
-  m.def("_memory_summary", [](int d) { return npu::allocator::memorySummary(static_cast<c10::DeviceIndex>(d)); });
+        [](int64_t d) { npu::allocator::resetAccumulatedStats(npu::toDeviceIndex(d)); });
+  m.def("_memory_summary", [](int64_t d) { return npu::allocator::memorySummary(npu::toDeviceIndex(d)); });
   m.def("_empty_cache", [] { npu::allocator::emptyCache(); }, py::call_guard<py::gil_scoped_release>());
 }
 
 void bindRandom(py::module_& m) {
-  m.def("_default_generator", [](int d) {
+  m.def("_default_generator", [](int64_t d) {
     return py::reinterpret_steal<py::object>(
-        THPGenerator_initDefaultGenerator(npu::defaultGenerator(static_cast<c10::DeviceIndex>(d))));
+        THPGenerator_initDefaultGenerator(npu::defaultGenerator(npu::toDeviceIndex(d))));
   });
 }
 
 npu::dispatch::FallbackMode parseMode(const std::string& mode) {
-  if (mode == "auto") return npu::dispatch::FallbackMode::Auto;
-  if (mode == "warn") return npu::dispatch::FallbackMode::Warn;
-  if (mode == "error") return npu::dispatch::FallbackMode::Error;
-  throw py::value_error("'" + mode + "' is not a fallback mode; use 'auto', 'warn' or 'error'");
+  try {
+    return npu::dispatch::parseFallbackMode(mode);
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(e.what());
+  }
 }
 
 npu::dispatch::OpPolicy parsePolicy(const std::string& policy) {
@@ -129,20 +144,15 @@ py::tuple packResolution(const npu::dispatch::OpResolution& r) {
 
 void bindDispatch(py::module_& m) {
   using npu::dispatch::FallbackPolicy;
-  m.def("_fallback_mode", [] {
-    switch (FallbackPolicy::instance().mode()) {
-      case npu::dispatch::FallbackMode::Warn: return "warn";
-      case npu::dispatch::FallbackMode::Error: return "error";
-      default: return "auto";
-    }
-  });
+  m.def("_fallback_mode", [] { return npu::dispatch::fallbackModeName(FallbackPolicy::instance().mode()); });
   m.def("_set_fallback_mode", [](const std::string& mode) {
     FallbackPolicy::instance().setMode(parseMode(mode));
     FallbackPolicy::instance().resetWarnings();
   });
   m.def("_canonical_op_name", [](const std::string& name) { return npu::dispatch::canonicalOpName(name); });
   m.def("_set_op_fallback", [](const std::string& op, const std::string& policy) {
-    FallbackPolicy::instance().setOpPolicy(npu::dispatch::canonicalOpName(op).first, parsePolicy(policy));
+    const auto parsed = parsePolicy(policy);
+    FallbackPolicy::instance().setOpPolicy(npu::dispatch::existingOpName(op), parsed);
   });
   m.def("_op_fallback", [](const std::string& op) {
     return policyName(FallbackPolicy::instance().opPolicy(npu::dispatch::canonicalOpName(op).first));
@@ -155,7 +165,13 @@ void bindDispatch(py::module_& m) {
   m.def("_clear_op_fallbacks", [] { FallbackPolicy::instance().clearOpPolicies(); });
   m.def("_retry_on_kernel_error", [] { return FallbackPolicy::instance().retryOnKernelError(); });
   m.def("_set_retry_on_kernel_error", [](bool on) { FallbackPolicy::instance().setRetryOnKernelError(on); });
-  m.def("_fallback_env_error", [] { return FallbackPolicy::instance().environmentError(); });
+  m.def("_load_fallback_environment", [] {
+    try {
+      FallbackPolicy::instance().loadEnvironment();
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
+    }
+  });
   m.def("_fallback_stats", [] {
     py::dict out;
     for (const auto& [op, s] : FallbackPolicy::instance().stats()) {

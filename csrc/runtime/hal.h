@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -26,16 +28,33 @@ struct DeviceProperties {
   int minor = 0;
 };
 
+// A kernel that failed: kept by its stream (and by events recorded after it, and
+// by streams that waited on those) until one synchronisation point reports it.
+// `cause` is the kernel's own exception, so the layer above can keep its type.
+struct KernelFailure {
+  std::string kernel;
+  int device = 0;
+  int64_t stream = 0;
+  uint64_t launch_index = 0;  // the kernel's position among its stream's launches
+  std::string message;        // the cause's what()
+  std::exception_ptr cause;
+  // Set by whichever synchronisation point raises it first: one failure is
+  // reported once, wherever it travelled.
+  std::atomic<bool> reported{false};
+  bool claim() { return !reported.exchange(true); }
+};
+
 // Raised at a synchronisation point for a kernel that failed earlier.
 class KernelError : public std::runtime_error {
  public:
-  KernelError(std::string kernel, const std::string& what)
-      : std::runtime_error("npu kernel '" + kernel + "' failed: " + what),
-        kernel_(std::move(kernel)) {}
-  const std::string& kernel() const { return kernel_; }
+  explicit KernelError(std::shared_ptr<const KernelFailure> failure)
+      : std::runtime_error("npu kernel '" + failure->kernel + "' failed: " + failure->message),
+        failure_(std::move(failure)) {}
+  const std::string& kernel() const { return failure_->kernel; }
+  const KernelFailure& failure() const { return *failure_; }
 
  private:
-  std::string kernel_;
+  std::shared_ptr<const KernelFailure> failure_;
 };
 
 class Event;
@@ -50,17 +69,42 @@ class Stream {
 
   // Queues `kernel` after all work already on this stream and returns; it may
   // also run it at once on the caller's thread when that keeps the same order.
-  // `bytes` is a hint of how much memory the kernel touches.
+  // `bytes` is a hint of how much memory the kernel touches. A kernel's error
+  // is kept and raised by the next synchronisation point (see KernelFailure).
   virtual void launch(const char* name, Kernel kernel, std::size_t bytes = 0) = 0;
+  // When the stream would run `kernel` on the caller's thread now (it is idle
+  // and the launch policy allows it), runs it there and returns true; its
+  // exception, if any, propagates to the caller. Otherwise runs nothing and
+  // returns false (the caller checks what it can, then launch()es).
+  virtual bool runIfIdle(const char* name, const Kernel& kernel, std::size_t bytes = 0) = 0;
   // Stream-ordered copy between host and device memory (or device and device).
   virtual void copy(void* dst, const void* src, std::size_t n, CopyKind kind) = 0;
 
+  // Work that runs on the host thread in stream order: acquire() returns once
+  // every kernel launched before it ran, and until release() the calling
+  // thread holds the stream: kernels launched by other threads queue behind,
+  // kernels launched by the holder run at once, synchronize() from the holder
+  // returns at once. Re-entrant on the holding thread. Blocks: release the GIL.
+  virtual void acquire() = 0;
+  virtual void release() = 0;
+  virtual bool heldByCaller() const = 0;
+
   // Blocks until every kernel on the stream ran; throws the first KernelError.
   virtual void synchronize() = 0;
+  // Blocks like synchronize() but leaves a kernel's error for a later one.
+  virtual void drain() = 0;
   // True when every queued kernel has finished.
   virtual bool query() = 0;
-  // Work launched after this call starts only once `event` has completed.
+  // Work launched after this call starts only once `event` has completed. A
+  // marker in the stream: never blocks the caller. A failure the event carries
+  // becomes this stream's.
   virtual void wait(Event& event) = 0;
+
+  // How many kernels were launched on the stream so far, and whether those up
+  // to `position` have all completed: lets the allocator tell whether the
+  // work that used a freed block is done.
+  virtual uint64_t position() const = 0;
+  virtual bool passed(uint64_t position) const = 0;
 };
 
 class Event {
@@ -69,7 +113,7 @@ class Event {
   // Marks the point in `stream` reached by the work queued so far.
   virtual void record(Stream& stream) = 0;
   virtual bool query() = 0;        // recorded work done (true if never recorded)
-  virtual void synchronize() = 0;  // waits for it; throws the stream's KernelError
+  virtual void synchronize() = 0;  // waits for it; throws a KernelError it carries
   virtual bool recorded() const = 0;
   virtual int device() const = 0;
   // Milliseconds between this event and `end`; both must have completed and
@@ -95,6 +139,7 @@ class Device {
   virtual Stream& stream(int64_t id) = 0;          // throws std::out_of_range
   virtual std::unique_ptr<Event> createEvent(bool timing) = 0;
   virtual void synchronize() = 0;  // every stream of the device
+  virtual void drain() = 0;        // the same, leaving kernel errors pending
 };
 
 class Hal {

@@ -19,6 +19,10 @@ import torch  # noqa: E402
 
 from . import _C  # noqa: E402
 
+_environment_problem = _C._runtime_environment_error()
+if _environment_problem:  # a bad NPU_EMU_* value: say so now, not at the first npu call
+    raise RuntimeError(f"torch_npu: {_environment_problem}")
+
 if torch._C._get_privateuse1_backend_name() != "npu":
     torch.utils.rename_privateuse1_backend("npu")
 

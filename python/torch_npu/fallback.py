@@ -91,8 +91,8 @@ class NPUOpsFallback:
 
     @staticmethod
     def set(mode: Union[str, "NPUOpsFallback"]) -> None:
-        """Sets the fallback mode: "auto", "warn" or "error"."""
-        _C._set_fallback_mode(str(mode).lower())
+        """Sets the fallback mode: "auto", "warn" or "error" (any case, as NPU_FALLBACK_MODE)."""
+        _C._set_fallback_mode(str(mode))
 
     @staticmethod
     def get() -> str:
@@ -103,7 +103,8 @@ class NPUOpsFallback:
         """``policy`` "cpu": always run ``op`` on the cpu; "npu": never fall back; "default": follow the mode.
 
         ``op`` is any spelling of an operator ("exp", "torch.exp", "aten::exp");
-        the policy covers all its overloads and its in-place variant.
+        the policy covers all its overloads and its in-place variant. An unknown
+        op raises ValueError suggesting the closest known names.
         """
         _C._set_op_fallback(op, policy)
 
@@ -157,7 +158,5 @@ def _log_fallback(line: str) -> None:
 
 
 def _install() -> None:
-    problem = _C._fallback_env_error()
-    if problem:
-        raise RuntimeError(f"torch_npu: {problem}")
+    _C._load_fallback_environment()  # raises ValueError for a bad NPU_FALLBACK_* value
     _C._set_fallback_logger(_log_fallback)

@@ -93,19 +93,32 @@ TEST(Environment, EnvBytesFlagAndInt) {
     ::setenv(flag, yes, 1);
     EXPECT_TRUE(emu::envFlag(flag, false)) << yes;
   }
-  for (const char* no : {"0", "false", "off", "no", "2"}) {
+  for (const char* no : {"0", "false", "off", "no", "OFF"}) {
     ::setenv(flag, no, 1);
     EXPECT_FALSE(emu::envFlag(flag, true)) << no;
+  }
+  for (const char* bad : {"2", "maybe", "enable"}) {  // a typo is an error, never a silent "off"
+    ::setenv(flag, bad, 1);
+    EXPECT_THROW(emu::envFlag(flag, true), std::invalid_argument) << bad;
   }
   ::unsetenv(flag);
 
   const char* integer = "NPU_RUNTIME_TEST_INT";
   ::unsetenv(integer);
-  EXPECT_EQ(emu::envInt(integer, 5), 5);
+  EXPECT_EQ(emu::envInt(integer, 5, 0, 64), 5);
   ::setenv(integer, "12", 1);
-  EXPECT_EQ(emu::envInt(integer, 5), 12);
-  ::setenv(integer, "12x", 1);
-  EXPECT_THROW(emu::envInt(integer, 5), std::invalid_argument);
+  EXPECT_EQ(emu::envInt(integer, 5, 0, 64), 12);
+  // Values a narrowing cast used to turn into other counts: 2^32 + 1 gave 1 device.
+  for (const char* bad : {"12x", "4294967297", "99999999999999999999", "-1", "65"}) {
+    ::setenv(integer, bad, 1);
+    try {
+      emu::envInt(integer, 5, 0, 64);
+      FAIL() << bad << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(integer), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("0 to 64"), std::string::npos) << e.what();
+    }
+  }
   ::unsetenv(integer);
 }
 

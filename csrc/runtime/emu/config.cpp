@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
 #include <limits>
 #include <stdexcept>
@@ -19,16 +20,24 @@ bool envFlag(const char* name, bool fallback) {
   const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') return fallback;
   const std::string v = lower(value);
-  return v == "1" || v == "true" || v == "yes" || v == "on";
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "no" || v == "off") return false;
+  throw std::invalid_argument(std::string(name) + "='" + value + "' is not a switch; use 1 (on) or 0 (off)");
 }
 
-long envInt(const char* name, long fallback) {
+long envInt(const char* name, long fallback, long min, long max) {
   const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') return fallback;
   char* end = nullptr;
+  errno = 0;
   const long parsed = std::strtol(value, &end, 10);
   if (end == value || *end != '\0') {
-    throw std::invalid_argument(std::string(name) + "='" + value + "' is not an integer");
+    throw std::invalid_argument(std::string(name) + "='" + value + "' is not an integer; use a number from " +
+                                std::to_string(min) + " to " + std::to_string(max));
+  }
+  if (errno == ERANGE || parsed < min || parsed > max) {
+    throw std::invalid_argument(std::string(name) + "='" + value + "' is out of range; use a number from " +
+                                std::to_string(min) + " to " + std::to_string(max));
   }
   return parsed;
 }

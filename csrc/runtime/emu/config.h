@@ -6,9 +6,12 @@
 
 namespace npu::runtime::emu {
 
-// "1", "true", "yes", "on" (any case) are true; unset or empty is `fallback`.
+// "1", "true", "yes", "on" (any case) are true, "0", "false", "no", "off"
+// false; unset or empty is `fallback`; anything else throws std::invalid_argument.
 bool envFlag(const char* name, bool fallback = false);
-long envInt(const char* name, long fallback);
+// An integer in [min, max]; unset or empty is `fallback`; a bad or
+// out-of-range value throws std::invalid_argument naming the variable.
+long envInt(const char* name, long fallback, long min, long max);
 // Sizes such as "4GiB", "512MiB", "64KB", "1g" or a plain number of bytes.
 std::size_t envBytes(const char* name, std::size_t fallback);
 // Parses a size as envBytes does; throws std::invalid_argument naming `what`.

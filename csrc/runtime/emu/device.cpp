@@ -97,12 +97,19 @@ std::unique_ptr<Event> EmuDevice::createEvent(bool timing) {
   return std::make_unique<EmuEvent>(index_, timing);
 }
 
-void EmuDevice::synchronize() {
+std::vector<EmuStream*> EmuDevice::allStreams() const {
   std::vector<EmuStream*> streams;
-  {
-    std::lock_guard<std::mutex> lock(streams_mutex_);
-    for (auto& s : streams_) streams.push_back(s.get());
-  }
+  std::lock_guard<std::mutex> lock(streams_mutex_);
+  for (auto& s : streams_) streams.push_back(s.get());
+  return streams;
+}
+
+void EmuDevice::drain() {
+  for (auto* s : allStreams()) s->drain();
+}
+
+void EmuDevice::synchronize() {
+  const auto streams = allStreams();
   // Wait for all of them before raising the first error, so none is left running.
   std::exception_ptr first_error;
   for (auto* s : streams) {
@@ -116,7 +123,7 @@ void EmuDevice::synchronize() {
 }
 
 EmuHal::EmuHal()
-    : EmuHal(static_cast<int>(envInt("NPU_EMU_DEVICES", 1)),
+    : EmuHal(static_cast<int>(envInt("NPU_EMU_DEVICES", 1, 0, 64)),
              envBytes("NPU_EMU_MEMORY", kDefaultCapacity), LaunchConfig::fromEnvironment()) {}
 
 EmuHal::EmuHal(int devices, std::size_t capacity, const LaunchConfig& config) {

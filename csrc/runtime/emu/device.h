@@ -28,8 +28,10 @@ class EmuDevice final : public Device {
   Stream& stream(int64_t id) override;
   std::unique_ptr<Event> createEvent(bool timing) override;
   void synchronize() override;
+  void drain() override;
 
  private:
+  std::vector<EmuStream*> allStreams() const;
   const int index_;
   const LaunchConfig config_;
   DeviceProperties properties_;

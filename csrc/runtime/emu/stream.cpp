@@ -10,6 +10,9 @@ namespace {
 // How long an idle worker polls for new work before it parks: long enough to
 // catch a burst of launches, short enough to leave the core to ATen's threads.
 constexpr auto kWorkerSpin = std::chrono::microseconds(20);
+// Launches beyond this many queued kernels wait for room: a host thread that
+// launches faster than the stream runs cannot grow the queue without bound.
+constexpr std::size_t kMaxQueuedKernels = 1024;
 
 inline void cpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -40,59 +43,169 @@ EmuStream::~EmuStream() {
   if (worker_.joinable()) worker_.join();
 }
 
+void EmuStream::recordFailure(const char* name, uint64_t index, std::exception_ptr error) {
+  auto failure = std::make_shared<KernelFailure>();
+  failure->kernel = name;
+  failure->device = device_;
+  failure->stream = id_;
+  failure->launch_index = index;
+  failure->cause = error;
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    failure->message = e.what();
+  } catch (...) {
+    failure->message = "unknown exception";
+  }
+  std::lock_guard<std::mutex> lock(error_mutex_);
+  // The first failure not yet reported is the one the stream keeps.
+  if (!failure_ || failure_->reported.load()) failure_ = std::move(failure);
+}
+
 void EmuStream::run(Task& task) {
   try {
     task.kernel();
-  } catch (const std::exception& e) {
-    std::lock_guard<std::mutex> lock(error_mutex_);
-    if (error_kernel_.empty()) {
-      error_kernel_ = task.name;
-      error_message_ = e.what();
-    }
   } catch (...) {
-    std::lock_guard<std::mutex> lock(error_mutex_);
-    if (error_kernel_.empty()) {
-      error_kernel_ = task.name;
-      error_message_ = "unknown exception";
-    }
+    recordFailure(task.name, task.index, std::current_exception());
   }
   task.kernel = nullptr;  // release what the kernel captured on this thread
 }
 
-void EmuStream::startWorkerLocked() {
-  worker_ = std::thread([this] { workerLoop(); });
+bool EmuStream::heldByCallerLocked() const {
+  return hold_depth_ > 0 && holder_ == std::this_thread::get_id();
+}
+
+bool EmuStream::heldByCaller() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return heldByCallerLocked();
+}
+
+void EmuStream::waitForSpaceLocked(std::unique_lock<std::mutex>& lock) {
+  if (queue_.size() < kMaxQueuedKernels) return;
+  ++space_waiters_;
+  space_.wait(lock, [this] { return queue_.size() < kMaxQueuedKernels || stopping_; });
+  --space_waiters_;
+}
+
+void EmuStream::enqueueLocked(Task task) {
+  queue_.push_back(std::move(task));
+  queued_.fetch_add(1, std::memory_order_release);
+  if (!worker_.joinable()) worker_ = std::thread([this] { workerLoop(); });
+  if (worker_sleeping_) work_ready_.notify_one();
+}
+
+void EmuStream::finishInlineLocked() {
+  busy_ = false;
+  completed_.fetch_add(1, std::memory_order_release);
+  if (queue_.empty()) {
+    drained_.notify_all();
+  } else {
+    work_ready_.notify_one();
+  }
 }
 
 void EmuStream::launch(const char* name, Kernel kernel, std::size_t bytes) {
   if (config_.blocking) {
-    synchronize();
+    drain();
+    throwPendingError();
+    Task task{name, std::move(kernel), launched_.fetch_add(1) + 1};
     try {
-      kernel();
-    } catch (const std::exception& e) {
-      throw KernelError(name, e.what());
+      task.kernel();
+    } catch (...) {
+      completed_.fetch_add(1);
+      recordFailure(name, task.index, std::current_exception());
+      throwPendingError();
     }
+    completed_.fetch_add(1);
     return;
   }
   std::unique_lock<std::mutex> lock(mutex_);
+  if (heldByCallerLocked()) {
+    // The holder's own work (host code in stream order): runs now, unnumbered,
+    // so positions of the kernels queued behind the hold stay in order.
+    lock.unlock();
+    Task task{name, std::move(kernel)};
+    run(task);
+    return;
+  }
+  waitForSpaceLocked(lock);  // a full queue makes the host wait, as a device's launch queue does
+  const uint64_t index = launched_.fetch_add(1, std::memory_order_acq_rel) + 1;
   if (!config_.always_enqueue && !busy_ && queue_.empty() && bytes <= config_.inline_bytes) {
     // Idle stream: running here keeps stream order and saves the hand-off.
     busy_ = true;
     lock.unlock();
-    Task task{name, std::move(kernel)};
+    Task task{name, std::move(kernel), index};
     run(task);
     lock.lock();
-    busy_ = false;
-    if (queue_.empty()) {
-      drained_.notify_all();
-    } else {
-      work_ready_.notify_one();
-    }
+    finishInlineLocked();
     return;
   }
-  queue_.push_back(Task{name, std::move(kernel)});
-  queued_.fetch_add(1, std::memory_order_release);
-  if (!worker_.joinable()) startWorkerLocked();
-  if (worker_sleeping_) work_ready_.notify_one();
+  enqueueLocked(Task{name, std::move(kernel), index});
+}
+
+bool EmuStream::runIfIdle(const char* name, const Kernel& kernel, std::size_t bytes) {
+  (void)name;
+  if (config_.blocking) {
+    synchronize();
+    kernel();
+    return true;
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (heldByCallerLocked()) {
+    lock.unlock();
+    kernel();
+    return true;
+  }
+  if (config_.always_enqueue || busy_ || !queue_.empty() || bytes > config_.inline_bytes) return false;
+  busy_ = true;
+  launched_.fetch_add(1, std::memory_order_acq_rel);
+  lock.unlock();
+  try {
+    kernel();
+  } catch (...) {
+    lock.lock();
+    finishInlineLocked();
+    throw;
+  }
+  lock.lock();
+  finishInlineLocked();
+  return true;
+}
+
+void EmuStream::acquire() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto me = std::this_thread::get_id();
+  if (heldByCallerLocked()) {
+    ++hold_depth_;
+    return;
+  }
+  if (!busy_ && queue_.empty()) {
+    busy_ = true;
+    holder_ = me;
+    hold_depth_ = 1;
+    return;
+  }
+  // Behind the work already queued: the worker hands the stream over when it
+  // reaches this marker; what others launch meanwhile queues behind it.
+  Task hold;
+  hold.name = "host_execution";
+  hold.hold = true;
+  hold.holder = me;
+  enqueueLocked(std::move(hold));
+  drained_.wait(lock, [&] { return hold_depth_ > 0 && holder_ == me; });
+}
+
+void EmuStream::release() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!heldByCallerLocked()) return;
+  if (--hold_depth_ > 0) return;
+  holder_ = std::thread::id();
+  busy_ = false;
+  if (queue_.empty()) {
+    drained_.notify_all();
+  } else {
+    work_ready_.notify_one();
+  }
 }
 
 void EmuStream::workerLoop() {
@@ -102,15 +215,23 @@ void EmuStream::workerLoop() {
       Task task = std::move(queue_.front());
       queue_.pop_front();
       queued_.fetch_sub(1, std::memory_order_relaxed);
+      if (space_waiters_ > 0) space_.notify_all();
       busy_ = true;
+      if (task.hold) {
+        holder_ = task.holder;
+        hold_depth_ = 1;
+        drained_.notify_all();  // wakes the thread waiting in acquire()
+        continue;
+      }
       lock.unlock();
       run(task);
       lock.lock();
       busy_ = false;
+      completed_.fetch_add(1, std::memory_order_release);
       if (queue_.empty()) drained_.notify_all();
       continue;
     }
-    if (stopping_) return;
+    if (stopping_ && queue_.empty()) return;
     lock.unlock();
     const auto until = std::chrono::steady_clock::now() + kWorkerSpin;
     while (queued_.load(std::memory_order_acquire) == 0 &&
@@ -119,7 +240,7 @@ void EmuStream::workerLoop() {
     }
     lock.lock();
     if (!queue_.empty() && !busy_) continue;
-    if (stopping_) return;
+    if (stopping_ && queue_.empty()) return;
     worker_sleeping_ = true;
     work_ready_.wait(lock);
     worker_sleeping_ = false;
@@ -132,51 +253,87 @@ void EmuStream::copy(void* dst, const void* src, std::size_t n, CopyKind /*kind*
   launch("memcpy", [dst, src, n] { std::memcpy(dst, src, n); }, n);
 }
 
+void EmuStream::drain() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (heldByCallerLocked()) return;  // everything launched before the hold has run
+  drained_.wait(lock, [this] { return queue_.empty() && !busy_; });
+}
+
 void EmuStream::synchronize() {
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    drained_.wait(lock, [this] { return queue_.empty() && !busy_; });
-  }
+  drain();
   throwPendingError();
 }
 
 bool EmuStream::query() {
   std::lock_guard<std::mutex> lock(mutex_);
-  return queue_.empty() && !busy_;
+  return queue_.empty() && (!busy_ || heldByCallerLocked());
 }
 
 void EmuStream::wait(Event& event) {
   auto mark = static_cast<EmuEvent&>(event).currentMark();
   if (!mark || mark->stream == this) return;  // same stream: already ordered
-  launch("event_wait", [mark] { mark->waitDone(); }, 0);
+  std::shared_ptr<KernelFailure> failure;
+  if (mark->isDone(&failure)) {
+    adoptFailure(failure);
+    return;
+  }
+  Kernel marker = [this, mark] {
+    mark->waitDone();
+    std::shared_ptr<KernelFailure> carried;
+    mark->isDone(&carried);
+    adoptFailure(carried);
+  };
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (heldByCallerLocked()) {
+    lock.unlock();
+    marker();  // host code in stream order waits here, as it would on the device
+    return;
+  }
+  // A marker for the worker: the caller never blocks on it.
+  waitForSpaceLocked(lock);
+  enqueueLocked(Task{"event_wait", std::move(marker), launched_.fetch_add(1, std::memory_order_acq_rel) + 1});
 }
 
-bool EmuStream::hasPendingError() {
+std::shared_ptr<KernelFailure> EmuStream::pendingFailure() {
   std::lock_guard<std::mutex> lock(error_mutex_);
-  return !error_kernel_.empty();
+  if (failure_ && failure_->reported.load()) failure_.reset();
+  return failure_;
 }
+
+void EmuStream::adoptFailure(const std::shared_ptr<KernelFailure>& failure) {
+  if (!failure || failure->reported.load()) return;
+  std::lock_guard<std::mutex> lock(error_mutex_);
+  if (!failure_ || failure_->reported.load()) failure_ = failure;
+}
+
+bool EmuStream::hasPendingError() { return pendingFailure() != nullptr; }
 
 void EmuStream::throwPendingError() {
-  std::string kernel;
-  std::string message;
+  std::shared_ptr<KernelFailure> failure;
   {
     std::lock_guard<std::mutex> lock(error_mutex_);
-    if (error_kernel_.empty()) return;
-    kernel.swap(error_kernel_);
-    message.swap(error_message_);
+    failure.swap(failure_);
   }
-  throw KernelError(kernel, message);
+  // Reported elsewhere already (through an event or a waiting stream): done.
+  if (failure && failure->claim()) throw KernelError(std::move(failure));
 }
 
 // ---- events ---------------------------------------------------------------
 
-void EmuEvent::Mark::complete() {
+void EmuEvent::Mark::complete(std::shared_ptr<KernelFailure> carried) {
   {
     std::lock_guard<std::mutex> lock(mutex);
     when = std::chrono::steady_clock::now();
+    failure = std::move(carried);
     done = true;
   }
   done_cv.notify_all();
+}
+
+bool EmuEvent::Mark::isDone(std::shared_ptr<KernelFailure>* failure_out) {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (done && failure_out != nullptr) *failure_out = failure;
+  return done;
 }
 
 void EmuEvent::Mark::waitDone() {
@@ -196,23 +353,24 @@ void EmuEvent::record(Stream& stream) {
     std::lock_guard<std::mutex> lock(mutex_);
     mark_ = mark;
   }
-  stream.launch("event_record", [mark] { mark->complete(); }, 0);
+  EmuStream* recorder = mark->stream;
+  stream.launch("event_record", [mark, recorder] { mark->complete(recorder->pendingFailure()); }, 0);
 }
 
 bool EmuEvent::recorded() const { return currentMark() != nullptr; }
 
 bool EmuEvent::query() {
   auto mark = currentMark();
-  if (!mark) return true;
-  std::lock_guard<std::mutex> lock(mark->mutex);
-  return mark->done;
+  return !mark || mark->isDone(nullptr);
 }
 
 void EmuEvent::synchronize() {
   auto mark = currentMark();
   if (!mark) return;
   mark->waitDone();
-  mark->stream->throwPendingError();
+  std::shared_ptr<KernelFailure> failure;
+  mark->isDone(&failure);
+  if (failure && failure->claim()) throw KernelError(std::move(failure));
 }
 
 double EmuEvent::elapsedMs(Event& end_event) {

@@ -34,42 +34,67 @@ class EmuStream final : public Stream {
   int64_t id() const override { return id_; }
   int priority() const override { return priority_; }
   void launch(const char* name, Kernel kernel, std::size_t bytes) override;
+  bool runIfIdle(const char* name, const Kernel& kernel, std::size_t bytes) override;
   void copy(void* dst, const void* src, std::size_t n, CopyKind kind) override;
+  void acquire() override;
+  void release() override;
+  bool heldByCaller() const override;
   void synchronize() override;
+  void drain() override;
   bool query() override;
   void wait(Event& event) override;
+  uint64_t position() const override { return launched_.load(std::memory_order_acquire); }
+  bool passed(uint64_t position) const override { return completed_.load(std::memory_order_acquire) >= position; }
 
-  // The first error of a kernel not yet reported, cleared by reading it.
+  // The first failure not yet reported, cleared by reading it.
   void throwPendingError();
   bool hasPendingError();
+  // The failure a marker at this point of the stream carries (null if none).
+  std::shared_ptr<KernelFailure> pendingFailure();
+  // Makes `failure` (from an event this stream waited on) this stream's too.
+  void adoptFailure(const std::shared_ptr<KernelFailure>& failure);
 
  private:
   struct Task {
-    const char* name;
+    Task() = default;
+    Task(const char* n, Kernel k, uint64_t i = 0) : name(n), kernel(std::move(k)), index(i) {}
+    const char* name = nullptr;
     Kernel kernel;
+    uint64_t index = 0;        // position among the stream's launches (0: none)
+    bool hold = false;         // not a kernel: hands the stream to `holder`
+    std::thread::id holder;
   };
   void run(Task& task);  // executes one kernel, keeping its error
+  void recordFailure(const char* name, uint64_t index, std::exception_ptr error);
+  void enqueueLocked(Task task);
+  void waitForSpaceLocked(std::unique_lock<std::mutex>& lock);
+  void finishInlineLocked();
+  bool heldByCallerLocked() const;
   void workerLoop();
-  void startWorkerLocked();
 
   const int device_;
   const int64_t id_;
   const int priority_;
   const LaunchConfig config_;
 
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable work_ready_;
-  std::condition_variable drained_;
+  std::condition_variable drained_;       // the stream became idle, or a hold was granted
+  std::condition_variable space_;         // the queue has room again
+  int space_waiters_ = 0;
   std::deque<Task> queue_;
-  bool busy_ = false;      // a kernel is executing (worker or caller thread)
+  bool busy_ = false;      // a kernel is executing (worker or caller thread), or the stream is held
+  std::thread::id holder_;
+  int hold_depth_ = 0;
   bool stopping_ = false;
   bool worker_sleeping_ = false;
   std::atomic<std::size_t> queued_{0};  // lets the worker spin without the lock
+  std::atomic<uint64_t> launched_{0};
+  std::atomic<uint64_t> completed_{0};
   std::thread worker_;
 
   std::mutex error_mutex_;
-  std::string error_kernel_;
-  std::string error_message_;
+  std::shared_ptr<KernelFailure> failure_;
 };
 
 class EmuEvent final : public Event {
@@ -89,8 +114,11 @@ class EmuEvent final : public Event {
     std::condition_variable done_cv;
     bool done = false;
     std::chrono::steady_clock::time_point when;
-    void complete();
+    std::shared_ptr<KernelFailure> failure;  // of a kernel before the marker
+    void complete(std::shared_ptr<KernelFailure> failure);
     void waitDone();
+    // Whether the marker ran; if so, what failure it carries.
+    bool isDone(std::shared_ptr<KernelFailure>* failure_out);
   };
   std::shared_ptr<Mark> currentMark() const;
 

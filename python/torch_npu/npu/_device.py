@@ -10,7 +10,11 @@ _DeviceLike = Union[torch.device, str, int, None]
 
 
 def _get_device_index(device: _DeviceLike, optional: bool = True) -> int:
-    """The npu index of ``device`` (an int, "npu", "npu:1", torch.device or None)."""
+    """The npu index of ``device`` (an int, "npu", "npu:1", torch.device or None).
+
+    The index is validated in full (torch_npu._C checks the range before it narrows
+    it to c10's 8-bit device index), so npu:256 is an error, never npu:0.
+    """
     if isinstance(device, str):
         device = torch.device(device)
     if isinstance(device, torch.device):
@@ -21,7 +25,7 @@ def _get_device_index(device: _DeviceLike, optional: bool = True) -> int:
         if not optional:
             raise ValueError("expected an npu device with an index, e.g. 'npu:0'")
         return current_device()
-    if not isinstance(device, int):
+    if isinstance(device, bool) or not isinstance(device, int):
         raise TypeError(f"expected an npu device (int, str or torch.device), got {type(device).__name__}")
     return device
 
@@ -31,7 +35,8 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    return True
+    """True once this process used the npu runtime (memory, streams), as torch.cuda's."""
+    return _C._is_initialized()
 
 
 def init() -> None:
@@ -43,7 +48,8 @@ def _lazy_init() -> None:
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    """True in a child forked after its parent used the npu: npu calls raise there (use 'spawn')."""
+    return _C._is_in_bad_fork()
 
 
 def device_count() -> int:
@@ -56,7 +62,7 @@ def current_device() -> int:
 
 def set_device(device: _DeviceLike) -> None:
     index = _get_device_index(device)
-    if index >= 0:
+    if index != -1:  # -1: no change, as torch.cuda.set_device(-1)
         _C._set_device(index)
 
 

@@ -77,10 +77,19 @@ def default_stream(device: Any = None) -> Stream:
     return Stream(stream_id=stream_id, device_index=device_index, device_type=device_type)
 
 
+def _check_npu_stream(stream: torch.Stream) -> None:
+    if not isinstance(stream, torch.Stream):
+        raise TypeError(f"expected a torch.npu.Stream, got {type(stream).__name__}")
+    if stream.device.type != "npu":
+        raise ValueError(f"expected an npu stream, got a {stream.device.type} stream ({stream}); "
+                         "create one with torch.npu.Stream()")
+
+
 def set_stream(stream: Optional[torch.Stream]) -> None:
     """Makes ``stream`` the current stream of its device (None: no change)."""
     if stream is None:
         return
+    _check_npu_stream(stream)
     _C._set_stream(stream.stream_id, stream.device_index)
 
 
@@ -88,6 +97,8 @@ class StreamContext:
     """Within the block, ``stream`` and its device are current (restored on exit)."""
 
     def __init__(self, stream: Optional[torch.Stream]):
+        if stream is not None:
+            _check_npu_stream(stream)
         self.stream = stream
         self.prev_device = -1
         self.prev_stream: Optional[Stream] = None
