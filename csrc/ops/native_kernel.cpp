@@ -2,8 +2,10 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/native/TypeProperties.h>
 #include <c10/core/DeviceGuard.h>
 
+#include <set>
 #include <sstream>
 
 #include "../core/device.h"
@@ -139,6 +141,34 @@ bool metadataAccepted(const c10::OperatorHandle& op, const std::vector<c10::IVal
     return false;
   }
   return true;
+}
+
+// In-place elementwise ops compute in the inputs' promoted dtype and cast the
+// result into self: PyTorch refuses a cast that loses the kind (float into an
+// integer tensor). Their Meta kernels do not check it, so it is checked here.
+bool castsResultIntoSelf(const std::string& name) {
+  static const std::set<std::string> ops = {
+      "aten::add_", "aten::sub_", "aten::mul_", "aten::div_", "aten::remainder_", "aten::fmod_", "aten::pow_",
+      "aten::floor_divide_", "aten::atan2_", "aten::hypot_", "aten::copysign_", "aten::lerp_", "aten::addcmul_",
+      "aten::addcdiv_", "aten::xlogy_", "aten::clamp_", "aten::clamp_min_", "aten::clamp_max_", "aten::maximum_",
+      "aten::minimum_", "aten::fmax_", "aten::fmin_"};
+  return ops.count(name) != 0;
+}
+
+void checkResultCastsIntoSelf(const c10::OperatorHandle& op, const std::vector<c10::IValue>& cpu_args) {
+  if (cpu_args.empty() || !cpu_args[0].isTensor() || !castsResultIntoSelf(op.schema().name())) return;
+  at::native::ResultTypeState state = {};
+  for (const auto& v : cpu_args) {
+    if (v.isTensor() && v.toTensor().defined()) {
+      state = at::native::update_result_type_state(v.toTensor(), state);
+    } else if (v.isScalar()) {
+      state = at::native::update_result_type_state(v.toScalar(), state);
+    }
+  }
+  const auto result = at::native::result_type(state);
+  const auto self = cpu_args[0].toTensor().scalar_type();
+  TORCH_CHECK(c10::canCast(result, self), "result type ", result, " can't be cast to the desired output type ",
+              self);
 }
 
 }  // namespace
@@ -306,6 +336,7 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
   // An idle stream runs it here and now: every error raises at the call.
   if (runIfIdle(device.index(), name, [&] { op.redispatchBoxed(kCPUKeys, &args); }, bytes)) return;
   // Queued behind other work: what metadata can show must still raise here.
+  checkResultCastsIntoSelf(op, args);
   if (!metadataAccepted(op, args)) {
     // The meta kernel objects (or is not exact for this op): let the real
     // kernel decide, in stream order on this thread, raising at the call.
