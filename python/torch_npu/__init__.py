@@ -47,10 +47,14 @@ from .fallback import _install as _install_fallback  # noqa: E402
 _install_fallback()
 
 # Backward of npu graphs runs on the calling thread, not on PyTorch's per-device
-# autograd thread: when that thread drops the last reference to a Python-visible
-# tensor during interpreter shutdown it aborts the process ("terminate called
-# without an active exception"). This setting is per thread: it covers the thread
-# that imported torch_npu (the main thread, as a rule).
+# autograd thread. The cause, seen in a core dump of the abort at exit: the device
+# thread drops the last reference to a finished GraphTask after backward() has
+# returned; the task's at::ThreadLocalState holds a SafePyObject whose decref takes
+# the GIL; during Py_Finalize that take_gil() calls pthread_exit, whose forced unwind
+# crosses a noexcept destructor: "terminate called without an active exception"
+# (about 1 run in 4 of a script that ends right after backward). The race is in
+# PyTorch's engine, not in npu code, so it is avoided here. This setting is per
+# thread: it covers the thread that imported torch_npu (the main thread, as a rule).
 torch._C._set_multithreading_enabled(False)
 
 __version__ = "0.1.0"
