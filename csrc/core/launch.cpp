@@ -37,15 +37,13 @@ void launch(c10::DeviceIndex device, const char* name, runtime::Kernel kernel, s
   });
 }
 
-bool runIfIdle(c10::DeviceIndex device, const char* name, const runtime::Kernel& kernel, std::size_t bytes) {
+bool runIfIdle(c10::DeviceIndex device, const char* name, runtime::KernelRef kernel, std::size_t bytes) {
   auto& stream = currentRuntimeStream(device);
-  return stream.runIfIdle(
-      name,
-      [&kernel] {
-        at::AutoDispatchBelowADInplaceOrView below_autograd;
-        kernel();
-      },
-      bytes);
+  auto below_autograd = [&kernel] {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    kernel();
+  };
+  return stream.runIfIdle(name, below_autograd, bytes);
 }
 
 }  // namespace npu

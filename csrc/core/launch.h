@@ -26,7 +26,7 @@ void launch(c10::DeviceIndex device, const char* name, runtime::Kernel kernel, s
 // Runs `kernel` now, on this thread, when the current stream of `device` is
 // idle and the launch policy would run it here anyway: its error raises at
 // the call, as an error of a synchronous op. False: nothing ran (launch() it).
-bool runIfIdle(c10::DeviceIndex device, const char* name, const runtime::Kernel& kernel, std::size_t bytes);
+bool runIfIdle(c10::DeviceIndex device, const char* name, runtime::KernelRef kernel, std::size_t bytes);
 
 // Bytes a kernel reads or writes, the size hint for launch().
 inline std::size_t bytesOf(const at::Tensor& t) { return t.defined() ? t.numel() * t.itemsize() : 0; }

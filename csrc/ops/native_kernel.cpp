@@ -334,7 +334,8 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
   }
   const char* name = op.operator_name().name.c_str();
   // An idle stream runs it here and now: every error raises at the call.
-  if (runIfIdle(device.index(), name, [&] { op.redispatchBoxed(kCPUKeys, &args); }, bytes)) return;
+  auto run_now = [&] { op.redispatchBoxed(kCPUKeys, &args); };
+  if (runIfIdle(device.index(), name, run_now, bytes)) return;
   // Queued behind other work: what metadata can show must still raise here.
   checkResultCastsIntoSelf(op, args);
   if (!metadataAccepted(op, args)) {

@@ -11,12 +11,28 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace npu::runtime {
 
 // A kernel is work executed in stream order. It may throw; the error is kept by
 // the stream and raised at the next synchronisation point, naming the kernel.
 using Kernel = std::function<void()>;
+
+// A non-owning reference to a callable that runs before the call returns
+// (Stream::runIfIdle): no allocation, unlike a Kernel.
+class KernelRef {
+ public:
+  template <class F, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, KernelRef>>>
+  KernelRef(F&& f)  // NOLINT: implicit, like std::function's
+      : object_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
+        call_([](void* o) { (*static_cast<std::remove_reference_t<F>*>(o))(); }) {}
+  void operator()() const { call_(object_); }
+
+ private:
+  void* object_;
+  void (*call_)(void*);
+};
 
 enum class CopyKind { HostToDevice, DeviceToHost, DeviceToDevice };
 
@@ -76,7 +92,7 @@ class Stream {
   // and the launch policy allows it), runs it there and returns true; its
   // exception, if any, propagates to the caller. Otherwise runs nothing and
   // returns false (the caller checks what it can, then launch()es).
-  virtual bool runIfIdle(const char* name, const Kernel& kernel, std::size_t bytes = 0) = 0;
+  virtual bool runIfIdle(const char* name, KernelRef kernel, std::size_t bytes = 0) = 0;
   // Stream-ordered copy between host and device memory (or device and device).
   virtual void copy(void* dst, const void* src, std::size_t n, CopyKind kind) = 0;
 

@@ -143,7 +143,7 @@ void EmuStream::launch(const char* name, Kernel kernel, std::size_t bytes) {
   enqueueLocked(Task{name, std::move(kernel), index});
 }
 
-bool EmuStream::runIfIdle(const char* name, const Kernel& kernel, std::size_t bytes) {
+bool EmuStream::runIfIdle(const char* name, KernelRef kernel, std::size_t bytes) {
   (void)name;
   if (config_.blocking) {
     synchronize();

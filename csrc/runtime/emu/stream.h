@@ -34,7 +34,7 @@ class EmuStream final : public Stream {
   int64_t id() const override { return id_; }
   int priority() const override { return priority_; }
   void launch(const char* name, Kernel kernel, std::size_t bytes) override;
-  bool runIfIdle(const char* name, const Kernel& kernel, std::size_t bytes) override;
+  bool runIfIdle(const char* name, KernelRef kernel, std::size_t bytes) override;
   void copy(void* dst, const void* src, std::size_t n, CopyKind kind) override;
   void acquire() override;
   void release() override;
