@@ -42,13 +42,6 @@ std::string describeTensor(const at::Tensor& t) {
   return out.str();
 }
 
-bool isScalarTypeArgument(const c10::Argument& arg) {
-  const auto& type = arg.real_type();
-  return type->kind() == c10::TypeKind::ScalarTypeType ||
-         (type->kind() == c10::TypeKind::OptionalType &&
-          type->containedType(0)->kind() == c10::TypeKind::ScalarTypeType);
-}
-
 // "self: Tensor[Double, npu:0, [3]], other: Tensor[...]" and the dtypes the op
 // computes in: its tensors' (not a wrapped Python number's) and a dtype= argument.
 std::string describeArguments(const c10::FunctionSchema& schema, const torch::jit::Stack& stack,
@@ -396,9 +389,14 @@ void checkFallbackAllowed(const c10::OperatorHandle& op, const torch::jit::Stack
   }
 }
 
-// The npu device an op falls back from: its first npu tensor, else its npu
-// device argument, else the current device.
-c10::Device fallbackDevice(const torch::jit::Stack& stack, size_t begin) {
+bool isScalarTypeArgument(const c10::Argument& arg) {
+  const auto& type = arg.real_type();
+  return type->kind() == c10::TypeKind::ScalarTypeType ||
+         (type->kind() == c10::TypeKind::OptionalType &&
+          type->containedType(0)->kind() == c10::TypeKind::ScalarTypeType);
+}
+
+c10::Device deviceOfArguments(const torch::jit::Stack& stack, size_t begin) {
   auto npu_of = [](const at::Tensor& t) { return t.defined() && t.device().type() == kNPU; };
   for (size_t i = begin; i < stack.size(); ++i) {
     const auto& v = stack[i];
@@ -433,7 +431,7 @@ void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, Fallba
   int64_t to_npu = 0;
   const auto& args = schema.arguments();
   const size_t begin = stack->size() - args.size();
-  const c10::Device target = fallbackDevice(*stack, begin);
+  const c10::Device target = deviceOfArguments(*stack, begin);
   c10::DeviceGuard guard(target);
   // The whole round trip is one step of the stream: no kernel of another
   // thread runs between reading the inputs and writing the results.

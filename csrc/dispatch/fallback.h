@@ -113,6 +113,12 @@ void checkFallbackAllowed(const c10::OperatorHandle& op, const torch::jit::Stack
 FallbackMode parseFallbackMode(const std::string& text);
 const char* fallbackModeName(FallbackMode mode);
 
+// The npu device an op on stack[begin:] runs on: its first npu tensor, else
+// its npu device argument, else the current device.
+c10::Device deviceOfArguments(const torch::jit::Stack& stack, size_t begin);
+// A ScalarType? argument (dtype=) arrives as an int; its real type says so.
+bool isScalarTypeArgument(const c10::Argument& arg);
+
 // "aten::add.Tensor": the name error messages use.
 std::string displayName(const c10::OperatorHandle& op);
 

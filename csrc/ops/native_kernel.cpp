@@ -44,30 +44,6 @@ const c10::DispatchKeySet kCPUKeys(c10::DispatchKey::CPU);
 
 bool isNpu(const at::Tensor& t) { return t.defined() && t.device().type() == kNPU; }
 
-// The npu device an op runs on: its first npu tensor, else its device argument.
-c10::Device deviceOf(const torch::jit::Stack& stack, size_t begin) {
-  for (size_t i = begin; i < stack.size(); ++i) {
-    const auto& v = stack[i];
-    if (v.isTensor() && isNpu(v.toTensor())) return v.toTensor().device();
-    if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorVector()) {
-        if (isNpu(t)) return t.device();
-      }
-    }
-    if (v.isOptionalTensorList()) {
-      for (const auto& t : v.toOptionalTensorVector()) {
-        if (t.has_value() && isNpu(*t)) return t->device();
-      }
-    }
-  }
-  for (size_t i = begin; i < stack.size(); ++i) {
-    if (stack[i].isDevice() && stack[i].toDevice().type() == kNPU) {
-      return c10::Device(kNPU, resolveDevice(stack[i].toDevice().index()));
-    }
-  }
-  return c10::Device(kNPU, currentDevice());
-}
-
 void checkSameDevice(const at::Tensor& t, c10::Device device) {
   TORCH_CHECK(!isNpu(t) || t.device() == device, "Expected all tensors to be on the same device, but found at ",
               "least two devices, ", device, " and ", t.device(), "! Move them with .to('", device, "') first.");
@@ -91,14 +67,6 @@ bool isGeneratorValue(const c10::IValue& v, const c10::Argument& arg) {
 // torch.manual_seed governs npu sampling).
 at::Generator drawOf(const c10::IValue& v, c10::Device device) {
   return drawFor(v.isGenerator() ? std::optional<at::Generator>(v.toGenerator()) : std::nullopt, device.index());
-}
-
-// A ScalarType? argument (dtype=) arrives as an int; its real type says so.
-bool isScalarTypeArgument(const c10::Argument& arg) {
-  const auto& type = arg.real_type();
-  return type->kind() == c10::TypeKind::ScalarTypeType ||
-         (type->kind() == c10::TypeKind::OptionalType &&
-          type->containedType(0)->kind() == c10::TypeKind::ScalarTypeType);
 }
 
 // A meta tensor with the geometry and dtype of the CPU alias `t`.
@@ -219,7 +187,7 @@ std::optional<c10::ScalarType> NativeKernel::refusedDtype(const c10::OperatorHan
       for (const auto& t : v.toOptionalTensorVector()) {
         if (t.has_value() && isNpu(*t) && !accepts(t->scalar_type())) return t->scalar_type();
       }
-    } else if (v.isInt() && isScalarTypeArgument(args[i - begin])) {
+    } else if (v.isInt() && dispatch::isScalarTypeArgument(args[i - begin])) {
       const auto type = static_cast<c10::ScalarType>(v.toInt());
       if (!accepts(type)) return type;
     } else if (v.isComplexDouble()) {
@@ -276,7 +244,7 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
   const size_t begin = stack->size() - n;
-  const c10::Device device = deviceOf(*stack, begin);
+  const c10::Device device = dispatch::deviceOfArguments(*stack, begin);
   c10::DeviceGuard guard(device);
 
   // The closure gets aliases only (no tensor Python has seen, see core/launch.h).
@@ -354,7 +322,7 @@ void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* s
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
   const size_t begin = stack->size() - n;
-  HostExecution exec(deviceOf(*stack, begin));
+  HostExecution exec(dispatch::deviceOfArguments(*stack, begin));
   const c10::Device device = exec.device();
 
   std::vector<at::Tensor> written;  // out= and in-place arguments, to sync back
