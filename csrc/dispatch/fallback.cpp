@@ -5,9 +5,14 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <ATen/ops/empty.h>
+
 #include <algorithm>
+#include <limits>
 #include <chrono>
 #include <cstdlib>
+#include <optional>
+#include <set>
 #include <sstream>
 
 #include "../core/copy.h"
@@ -120,11 +125,74 @@ std::string describeArguments(const c10::FunctionSchema& schema, const torch::ji
                               ". Inputs: ", inputs.empty() ? std::string("none") : inputs, ". ", remedy.str());
 }
 
-at::Tensor toHost(const at::Tensor& t, int64_t* bytes) {
-  if (!t.defined() || t.device().type() != kNPU) return t;
-  *bytes += static_cast<int64_t>(t.numel() * t.itemsize());
-  return t.cpu();
-}
+// Host copies of an op's npu arguments. Arguments that share npu memory (a
+// tensor and its view: a.add_(a[0])) get views of one host copy of that
+// memory, so the CPU kernel sees the same overlap (and raises the same
+// internal-overlap error) as it would on cpu tensors.
+class HostCopies {
+ public:
+  explicit HostCopies(int64_t* bytes) : bytes_(bytes) {}
+
+  // Call for every tensor first, then host() for each.
+  void note(const at::Tensor& t) {
+    if (!isNpu(t) || t.numel() == 0) return;
+    auto& span = spans_[storageOf(t)];
+    const auto [first, last] = byteRange(t);
+    span.first = std::min(span.first, first);
+    span.last = std::max(span.last, last);
+    span.users++;
+  }
+
+  at::Tensor host(const at::Tensor& t) {
+    if (!isNpu(t)) return t;
+    auto it = t.numel() == 0 ? spans_.end() : spans_.find(storageOf(t));
+    const int64_t item = static_cast<int64_t>(t.itemsize());
+    if (it == spans_.end() || it->second.users < 2 || (byteRange(t).first - it->second.first) % item != 0) {
+      *bytes_ += static_cast<int64_t>(t.numel()) * item;
+      return t.cpu();
+    }
+    Span& span = it->second;
+    if (!span.host.defined()) {
+      // The shared bytes, as one uint8 tensor over the npu storage, copied once.
+      at::Tensor bytes_view = at::detail::make_tensor<c10::TensorImpl>(
+          c10::Storage(t.storage()), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), caffe2::TypeMeta::Make<uint8_t>());
+      const int64_t size = span.last - span.first;
+      const int64_t stride = 1;
+      bytes_view.unsafeGetTensorImpl()->set_sizes_and_strides(c10::IntArrayRef(&size, 1), c10::IntArrayRef(&stride, 1),
+                                                              span.first);
+      span.host = bytes_view.cpu();
+      *bytes_ += span.last - span.first;
+    }
+    at::Tensor view = at::empty({0}, t.options().device(c10::kCPU));
+    view.set_(span.host.storage(), (byteRange(t).first - span.first) / item, t.sizes(), t.strides());
+    return view;
+  }
+
+ private:
+  struct Span {
+    int64_t first = std::numeric_limits<int64_t>::max();
+    int64_t last = 0;
+    int users = 0;
+    at::Tensor host;
+  };
+  static bool isNpu(const at::Tensor& t) { return t.defined() && t.device().type() == kNPU; }
+  static const c10::StorageImpl* storageOf(const at::Tensor& t) {
+    return t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  }
+  // [first, last) bytes of the storage the (non-empty) tensor touches.
+  static std::pair<int64_t, int64_t> byteRange(const at::Tensor& t) {
+    int64_t low = t.storage_offset();
+    int64_t high = t.storage_offset();
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      const int64_t reach = (t.size(d) - 1) * t.stride(d);
+      (reach < 0 ? low : high) += reach;
+    }
+    const int64_t item = static_cast<int64_t>(t.itemsize());
+    return {low * item, (high + 1) * item};
+  }
+  int64_t* bytes_;
+  std::unordered_map<const c10::StorageImpl*, Span> spans_;
+};
 
 // Arguments some ops write without saying so in their schema: native_batch_norm
 // updates running_mean/running_var in training.
@@ -396,46 +464,114 @@ bool isScalarTypeArgument(const c10::Argument& arg) {
           type->containedType(0)->kind() == c10::TypeKind::ScalarTypeType);
 }
 
-c10::Device deviceOfArguments(const torch::jit::Stack& stack, size_t begin) {
-  auto npu_of = [](const at::Tensor& t) { return t.defined() && t.device().type() == kNPU; };
-  for (size_t i = begin; i < stack.size(); ++i) {
+bool isCpuSideArgument(const c10::OperatorHandle& op, const c10::Argument& arg) {
+  // (op, argument): what PyTorch documents as host-side for accelerators.
+  static const std::set<std::pair<std::string, std::string>> cpu_side = {
+      {"aten::_pack_padded_sequence", "lengths"},
+      {"aten::_pad_packed_sequence", "batch_sizes"},
+      {"aten::_ctc_loss", "input_lengths"},
+      {"aten::_ctc_loss", "target_lengths"},
+      {"aten::_ctc_loss_backward", "input_lengths"},
+      {"aten::_ctc_loss_backward", "target_lengths"},
+  };
+  return cpu_side.count({op.schema().name(), arg.name()}) != 0;
+}
+
+namespace {
+bool isNpuTensor(const at::Tensor& t) { return t.defined() && t.device().type() == kNPU; }
+
+[[noreturn]] void raiseDeviceMismatch(const c10::OperatorHandle& op, const c10::Argument& arg, c10::Device device,
+                                      const at::Tensor& t, const char* why) {
+  TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ", device,
+              " and ", t.device(), "! (", displayName(op), ", argument '", arg.name(), "'", why,
+              "; move it with .to('", device, "'))");
+}
+}  // namespace
+
+c10::Device deviceOfArguments(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t begin) {
+  const auto& args = op.schema().arguments();
+  std::optional<c10::Device> device;
+  for (size_t i = begin; i < stack.size() && !device; ++i) {
     const auto& v = stack[i];
-    if (v.isTensor() && npu_of(v.toTensor())) return v.toTensor().device();
-    if (v.isTensorList()) {
+    if (v.isTensor() && isNpuTensor(v.toTensor())) {
+      device = v.toTensor().device();
+    } else if (v.isTensorList()) {
       for (const at::Tensor& t : v.toTensorVector()) {
-        if (npu_of(t)) return t.device();
+        if (isNpuTensor(t)) { device = t.device(); break; }
       }
-    }
-    if (v.isOptionalTensorList()) {
+    } else if (v.isOptionalTensorList()) {
       for (const auto& t : v.toOptionalTensorVector()) {
-        if (t.has_value() && npu_of(*t)) return t->device();
+        if (t.has_value() && isNpuTensor(*t)) { device = t->device(); break; }
       }
     }
   }
-  for (size_t i = begin; i < stack.size(); ++i) {
+  for (size_t i = begin; i < stack.size() && !device; ++i) {
     if (stack[i].isDevice() && stack[i].toDevice().type() == kNPU) {
-      return c10::Device(kNPU, resolveDevice(stack[i].toDevice().index()));
+      device = c10::Device(kNPU, resolveDevice(stack[i].toDevice().index()));
     }
   }
-  return c10::Device(kNPU, currentDevice());
+  if (!device) return c10::Device(kNPU, currentDevice());
+
+  for (size_t i = begin; i < stack.size() && i - begin < args.size(); ++i) {
+    const auto& v = stack[i];
+    const auto& arg = args[i - begin];
+    const bool writes = arg.alias_info() != nullptr && arg.alias_info()->isWrite();
+    auto check = [&](const at::Tensor& t, bool index_list) {
+      if (!t.defined()) return;
+      if (isNpuTensor(t)) {
+        if (t.device() != *device) raiseDeviceMismatch(op, arg, *device, t, "");
+        return;
+      }
+      if (t.device().is_cpu() && ((t.dim() == 0 && !writes) || index_list || isCpuSideArgument(op, arg))) return;
+      raiseDeviceMismatch(op, arg, *device, t,
+                          t.device().is_cpu() && t.dim() == 0
+                              ? ": a cpu tensor cannot receive the result of an npu op"
+                              : ": only 0-dim cpu tensors may be mixed with npu tensors");
+    };
+    if (v.isTensor()) {
+      check(v.toTensor(), false);
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) check(t, false);
+    } else if (v.isOptionalTensorList()) {
+      for (const auto& t : v.toOptionalTensorVector()) {
+        if (t.has_value()) check(*t, /*index_list=*/true);
+      }
+    }
+  }
+  return *device;
 }
 
 void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, FallbackReason reason,
                  const DtypeRefusal* refusal) {
-  checkFallbackAllowed(op, *stack, reason, refusal);
   auto& policy = FallbackPolicy::instance();
   const auto& schema = op.schema();
+  const auto& args = schema.arguments();
+  const size_t begin = stack->size() - args.size();
+  // Devices first: a mismatch is the caller's error whatever the mode.
+  const c10::Device target = deviceOfArguments(op, *stack, begin);
+  checkFallbackAllowed(op, *stack, reason, refusal);
 
   const auto start = std::chrono::steady_clock::now();
   int64_t to_cpu = 0;
   int64_t to_npu = 0;
-  const auto& args = schema.arguments();
-  const size_t begin = stack->size() - args.size();
-  const c10::Device target = deviceOfArguments(*stack, begin);
   c10::DeviceGuard guard(target);
   // The whole round trip is one step of the stream: no kernel of another
   // thread runs between reading the inputs and writing the results.
   StreamHold hold(target.index(), displayName(op).c_str());
+
+  HostCopies copies(&to_cpu);
+  for (size_t i = begin; i < stack->size(); ++i) {
+    const c10::IValue& v = (*stack)[i];
+    if (v.isTensor()) {
+      copies.note(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) copies.note(t);
+    } else if (v.isOptionalTensorList()) {
+      for (const auto& t : v.toOptionalTensorVector()) {
+        if (t.has_value()) copies.note(*t);
+      }
+    }
+  }
 
   // Inputs to the host; remember those the op writes to (in-place, out=).
   struct Written {
@@ -451,20 +587,20 @@ void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, Fallba
     originals[i] = v;
     if (v.isTensor()) {
       const at::Tensor t = v.toTensor();
-      at::Tensor host = toHost(t, &to_cpu);
+      at::Tensor host = copies.host(t);
       if (writes && t.defined() && t.device().type() == kNPU) written.push_back({t, host});
       v = host;
     } else if (v.isTensorList()) {
       std::vector<at::Tensor> hosts;
       for (const at::Tensor& t : v.toTensorVector()) {
-        hosts.push_back(toHost(t, &to_cpu));
+        hosts.push_back(copies.host(t));
         if (writes && t.defined() && t.device().type() == kNPU) written.push_back({t, hosts.back()});
       }
       v = c10::List<at::Tensor>(hosts);
     } else if (v.isOptionalTensorList()) {
       c10::List<std::optional<at::Tensor>> hosts;
       for (const std::optional<at::Tensor>& t : v.toOptionalTensorVector()) {
-        hosts.push_back(t.has_value() ? std::optional<at::Tensor>(toHost(*t, &to_cpu)) : std::nullopt);
+        hosts.push_back(t.has_value() ? std::optional<at::Tensor>(copies.host(*t)) : std::nullopt);
       }
       v = hosts;
     } else if (v.isDevice() && v.toDevice().type() == kNPU) {

@@ -114,8 +114,16 @@ FallbackMode parseFallbackMode(const std::string& text);
 const char* fallbackModeName(FallbackMode mode);
 
 // The npu device an op on stack[begin:] runs on: its first npu tensor, else
-// its npu device argument, else the current device.
-c10::Device deviceOfArguments(const torch::jit::Stack& stack, size_t begin);
+// its npu device argument, else the current device. Checks CUDA's device rule
+// on the way and raises PyTorch's "Expected all tensors to be on the same
+// device" error naming the op and the argument: every npu tensor is on that
+// device, and a cpu tensor may join only as a 0-dim value the op reads (a
+// wrapped scalar), as an element of a Tensor?[] argument (indices), or as an
+// argument the op's schema documents as cpu-side (isCpuSideArgument).
+c10::Device deviceOfArguments(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t begin);
+// Arguments PyTorch wants on the cpu whatever the device, such as
+// _pack_padded_sequence's `lengths`.
+bool isCpuSideArgument(const c10::OperatorHandle& op, const c10::Argument& arg);
 // A ScalarType? argument (dtype=) arrives as an int; its real type says so.
 bool isScalarTypeArgument(const c10::Argument& arg);
 

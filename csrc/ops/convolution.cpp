@@ -26,10 +26,19 @@ at::Tensor host(const at::Tensor& t, int64_t* bytes) {
   return t.cpu();
 }
 
+const c10::OperatorHandle& convolutionOp() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution_overrideable", "");
+  return op;
+}
+const c10::OperatorHandle& convolutionBackwardOp() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution_backward_overrideable", "");
+  return op;
+}
+
 // Runs `compute` on host copies after the fallback checks, and records it.
 template <typename Compute>
-auto fallBackByHand(const char* name, torch::jit::Stack stack, Compute compute) {
-  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+auto fallBackByHand(const c10::OperatorHandle& op, const torch::jit::Stack& stack, Compute compute) {
   dispatch::checkFallbackAllowed(op, stack, FallbackReason::Dtype);
   const auto start = std::chrono::steady_clock::now();
   int64_t to_cpu = 0;
@@ -51,10 +60,11 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
                        c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
                        bool transposed, c10::IntArrayRef output_padding, int64_t groups) {
   const at::Tensor bias_t = bias.value_or(at::Tensor());
+  torch::jit::Stack stack;
+  torch::jit::push(stack, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups);
+  dispatch::deviceOfArguments(convolutionOp(), stack, 0);  // a cpu weight is the caller's error
   if (!supported(input) || !supported(weight) || !supported(bias_t)) {
-    torch::jit::Stack stack;
-    torch::jit::push(stack, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups);
-    return fallBackByHand("aten::convolution_overrideable", std::move(stack), [&](int64_t* to_cpu, int64_t* to_npu) {
+    return fallBackByHand(convolutionOp(), stack, [&](int64_t* to_cpu, int64_t* to_npu) {
       auto out = at::convolution(host(input, to_cpu), host(weight, to_cpu), host(bias_t, to_cpu), stride, padding,
                                  dilation, transposed, output_padding, groups);
       return back(out, input.device(), to_npu);
@@ -73,11 +83,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
   // The bias gradient's size: output channels.
   std::vector<int64_t> bias_sizes{transposed ? weight.size(1) * groups : weight.size(0)};
   const auto bias_arg = output_mask[2] ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef();
+  torch::jit::Stack stack;
+  torch::jit::push(stack, grad_output, input, weight, stride, padding, dilation, transposed, output_padding, groups,
+                   output_mask);
+  dispatch::deviceOfArguments(convolutionBackwardOp(), stack, 0);
   if (!supported(grad_output) || !supported(input) || !supported(weight)) {
-    torch::jit::Stack stack;
-    torch::jit::push(stack, grad_output, input, weight, stride, padding, dilation, transposed, output_padding, groups,
-                     output_mask);
-    return fallBackByHand("aten::convolution_backward_overrideable", std::move(stack),
+    return fallBackByHand(convolutionBackwardOp(), stack,
                           [&](int64_t* to_cpu, int64_t* to_npu) {
                             auto [gi, gw, gb] = at::convolution_backward(
                                 host(grad_output, to_cpu), host(input, to_cpu), host(weight, to_cpu), bias_arg, stride,

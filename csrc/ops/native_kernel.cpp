@@ -44,20 +44,6 @@ const c10::DispatchKeySet kCPUKeys(c10::DispatchKey::CPU);
 
 bool isNpu(const at::Tensor& t) { return t.defined() && t.device().type() == kNPU; }
 
-void checkSameDevice(const at::Tensor& t, c10::Device device) {
-  TORCH_CHECK(!isNpu(t) || t.device() == device, "Expected all tensors to be on the same device, but found at ",
-              "least two devices, ", device, " and ", t.device(), "! Move them with .to('", device, "') first.");
-}
-
-// As on CUDA, only 0-dim cpu tensors (wrapped scalars) may be mixed with npu
-// tensors (indices, a Tensor?[] argument, may also live on the cpu).
-void checkNotHost(const c10::OperatorHandle& op, const c10::Argument& arg, const at::Tensor& t, c10::Device device) {
-  TORCH_CHECK(!t.defined() || isNpu(t) || t.dim() == 0, "Expected all tensors to be on the same device, but found at ",
-              "least two devices, ", device, " and ", t.device(), "! (", dispatch::displayName(op), ", argument '",
-              arg.name(), "': only 0-dim cpu tensors may be mixed with npu tensors; move it with .to('", device,
-              "'))");
-}
-
 bool isGeneratorValue(const c10::IValue& v, const c10::Argument& arg) {
   return v.isGenerator() || (v.isNone() && isGeneratorArgument(arg));
 }
@@ -172,20 +158,27 @@ bool NativeKernel::accepts(c10::ScalarType type) const {
 
 std::optional<c10::ScalarType> NativeKernel::refusedDtype(const c10::OperatorHandle& op,
                                                           const torch::jit::Stack& stack) const {
+  // Every operand counts, the cpu ones too: a 0-dim float64 or complex cpu
+  // tensor promotes the result. A wrapped Python number only promotes to
+  // complex (2.5 keeps a float32 op float32; 1j makes it complex).
+  auto refuses = [&](const at::Tensor& t) {
+    if (!t.defined() || accepts(t.scalar_type())) return false;
+    return !t.unsafeGetTensorImpl()->is_wrapped_number() || c10::isComplexType(t.scalar_type());
+  };
   const auto& args = op.schema().arguments();
   const size_t begin = stack.size() - args.size();
   for (size_t i = begin; i < stack.size(); ++i) {
     const auto& v = stack[i];
     if (v.isTensor()) {
       const auto& t = v.toTensor();
-      if (isNpu(t) && !accepts(t.scalar_type())) return t.scalar_type();
+      if (refuses(t)) return t.scalar_type();
     } else if (v.isTensorList()) {
       for (const at::Tensor& t : v.toTensorVector()) {
-        if (isNpu(t) && !accepts(t.scalar_type())) return t.scalar_type();
+        if (refuses(t)) return t.scalar_type();
       }
     } else if (v.isOptionalTensorList()) {
       for (const auto& t : v.toOptionalTensorVector()) {
-        if (t.has_value() && isNpu(*t) && !accepts(t->scalar_type())) return t->scalar_type();
+        if (t.has_value() && refuses(*t)) return t->scalar_type();
       }
     } else if (v.isInt() && dispatch::isScalarTypeArgument(args[i - begin])) {
       const auto type = static_cast<c10::ScalarType>(v.toInt());
@@ -209,6 +202,8 @@ void NativeKernel::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet
                               torch::jit::Stack* stack) {
   const Traits& t = traits(op);
   auto& policy = FallbackPolicy::instance();
+  const size_t begin = stack->size() - op.schema().arguments().size();
+  const c10::Device device = dispatch::deviceOfArguments(op, *stack, begin);
   if (policy.hasOpPolicies() && policy.opPolicy(op.schema().name()) == OpPolicy::Cpu) {
     dispatch::cpuFallback(op, stack, FallbackReason::Policy);
     return;
@@ -222,10 +217,9 @@ void NativeKernel::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet
   }
   if (policy.retryOnKernelError() && !t.is_view) {
     // Run now on the host thread so an error is seen here and can be retried.
-    const size_t begin = stack->size() - op.schema().arguments().size();
     const std::vector<c10::IValue> arguments(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
     try {
-      runOnHost(op, stack);
+      runOnHost(op, stack, device);
     } catch (const c10::Error&) {
       stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
       stack->insert(stack->end(), arguments.begin(), arguments.end());
@@ -234,17 +228,16 @@ void NativeKernel::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet
     return;
   }
   if (t.in_place) {
-    runQueued(op, stack);
+    runQueued(op, stack, device);
   } else {
-    runOnHost(op, stack);
+    runOnHost(op, stack, device);
   }
 }
 
-void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device) {
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
   const size_t begin = stack->size() - n;
-  const c10::Device device = dispatch::deviceOfArguments(*stack, begin);
   c10::DeviceGuard guard(device);
 
   // The closure gets aliases only (no tensor Python has seen, see core/launch.h).
@@ -254,7 +247,6 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
   auto alias_of = [&](const at::Tensor& t) -> at::Tensor {
     if (!t.defined()) return t;
     if (isNpu(t)) {
-      checkSameDevice(t, device);
       bytes += bytesOf(t);
       return cpuAlias(t);
     }
@@ -265,15 +257,11 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
     const c10::IValue& v = (*stack)[i];
     const auto& arg = schema.arguments()[i - begin];
     if (v.isTensor()) {
-      checkNotHost(op, arg, v.toTensor(), device);
       args.emplace_back(alias_of(v.toTensor()));
     } else if (v.isTensorList()) {
       c10::List<at::Tensor> list;
       list.reserve(v.toTensorList().size());
-      for (const at::Tensor& t : v.toTensorVector()) {
-        checkNotHost(op, arg, t, device);
-        list.push_back(alias_of(t));
-      }
+      for (const at::Tensor& t : v.toTensorVector()) list.push_back(alias_of(t));
       args.emplace_back(std::move(list));
     } else if (v.isOptionalTensorList()) {
       c10::List<std::optional<at::Tensor>> list;
@@ -311,19 +299,18 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
     // kernel decide, in stream order on this thread, raising at the call.
     torch::jit::drop(*stack, schema.returns().size());
     stack->insert(stack->end(), originals.begin(), originals.end());
-    runOnHost(op, stack);
+    runOnHost(op, stack, device);
     return;
   }
   launch(device.index(), name, [op, args = std::move(args)]() mutable { op.redispatchBoxed(kCPUKeys, &args); },
          bytes);
 }
 
-void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device) {
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
   const size_t begin = stack->size() - n;
-  HostExecution exec(dispatch::deviceOfArguments(*stack, begin));
-  const c10::Device device = exec.device();
+  HostExecution exec(device);
 
   std::vector<at::Tensor> written;  // out= and in-place arguments, to sync back
   for (size_t i = begin; i < stack->size(); ++i) {
@@ -332,13 +319,11 @@ void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* s
     const bool writes = arg.alias_info() != nullptr && arg.alias_info()->isWrite();
     if (v.isTensor()) {
       const at::Tensor t = v.toTensor();
-      checkNotHost(op, arg, t, device);
       if (writes) written.push_back(t);
       v = exec.alias(t);
     } else if (v.isTensorList()) {
       c10::List<at::Tensor> list;
       for (const at::Tensor& t : v.toTensorVector()) {
-        checkNotHost(op, arg, t, device);
         if (writes) written.push_back(t);
         list.push_back(exec.alias(t));
       }

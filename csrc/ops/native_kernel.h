@@ -60,8 +60,9 @@ class NativeKernel final : public c10::OperatorKernel {
   // The first dtype among the inputs (or a dtype= argument) the kernel lacks.
   std::optional<c10::ScalarType> refusedDtype(const c10::OperatorHandle& op, const torch::jit::Stack& stack) const;
   std::string supportedDtypes() const;
-  void runQueued(const c10::OperatorHandle& op, torch::jit::Stack* stack);
-  void runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+  // `device`: the op's npu device, its arguments checked (dispatch::deviceOfArguments).
+  void runQueued(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device);
+  void runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device);
 
   const DtypeSet dtypes_;
   std::once_flag analysed_;

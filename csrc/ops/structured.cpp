@@ -138,6 +138,8 @@ struct FastPathCheck {
       device = t.device();
     } else if (!(t.device().is_cpu() && t.dim() == 0)) {
       ok = false;
+    } else if (!kernel.accepts(t.scalar_type()) && !t.unsafeGetTensorImpl()->is_wrapped_number()) {
+      ok = false;  // a float64 or complex 0-dim cpu tensor: the generic kernel decides
     }
   }
   void operator()(const at::Scalar& s) {
@@ -187,19 +189,24 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
     static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload);
     static NativeKernel generic(Op::dtypes());
     auto& policy = dispatch::FallbackPolicy::instance();
-    FastPathCheck check{generic};
-    (check(args), ...);
-    if (!check.ok || !check.device || policy.retryOnKernelError() ||
-        (policy.hasOpPolicies() && policy.opPolicy(Op::name) != dispatch::OpPolicy::Default)) {
+    auto run_generic = [&] {
       torch::jit::Stack stack;
       torch::jit::push(stack, args...);
       generic(op, kNPUKeys, &stack);
       return std::move(stack.back()).toTensor();
+    };
+    FastPathCheck check{generic};
+    (check(args), ...);
+    if (!check.ok || !check.device || policy.retryOnKernelError() ||
+        (policy.hasOpPolicies() && policy.opPolicy(Op::name) != dispatch::OpPolicy::Default)) {
+      return run_generic();
     }
     c10::DeviceGuard guard(*check.device);
     NpuOutputs<typename Op::Meta> meta;
     meta.meta(args...);
     at::Tensor out = meta.outputs[0];
+    // Promotion to a dtype the npu lacks (a Python complex): the generic kernel refuses it.
+    if (!generic.accepts(out.scalar_type())) return run_generic();
     std::size_t bytes = bytesOf(out);
     auto captured = std::make_tuple(Capture<Args>::make(args, bytes)...);
     launch(check.device->index(), Op::name,

@@ -189,7 +189,20 @@ void recordStream(at::Tensor& self, c10::Stream stream) {
 
 }  // namespace
 
+// nn.Module._apply keeps each Parameter object (and so every tie between
+// modules, lm_head.weight is wte.weight) when the moved tensor can be
+// shallow-copied into it: dense cpu and dense npu tensors can, as dense cpu
+// and cuda tensors can (c10's list of dense backends does not name PrivateUse1).
+bool hasCompatibleShallowCopyType(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && !t.is_nested() && (t.is_cpu() || t.device().type() == kNPU);
+  };
+  return (dense(self) && dense(from)) ||
+         self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(hasCompatibleShallowCopyType));
   m.impl("empty.memory_format", TORCH_FN(empty));
   m.impl("empty_strided", TORCH_FN(emptyStrided));
   m.impl("as_strided", TORCH_FN(asStrided));
