@@ -1,6 +1,7 @@
 #include "host_execution.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/NestedTensorImpl.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
 
@@ -70,8 +71,26 @@ HostExecution::HostExecution(c10::Device device)
 
 HostExecution::~HostExecution() { t_redirect_device = previous_redirect_; }
 
+namespace {
+// A nested tensor of the same layout over `buffer` (its whole storage).
+at::Tensor nestedOver(const at::Tensor& buffer, const at::Tensor& nested) {
+  const auto* impl = at::native::get_nested_tensor_impl(nested);
+  return at::detail::make_tensor<at::native::NestedTensorImpl>(
+      buffer, impl->get_nested_sizes(), impl->get_nested_strides(), impl->get_storage_offsets());
+}
+at::Tensor storageAsTensor(const at::Tensor& nested) {
+  return at::native::get_nested_tensor_impl(nested)->get_unsafe_storage_as_tensor();
+}
+}  // namespace
+
 at::Tensor HostExecution::alias(const at::Tensor& t) {
   if (!t.defined() || t.device().type() != kNPU) return t;
+  if (t.is_nested()) {
+    // The cpu nested tensor over the same memory (its buffer aliased).
+    at::Tensor alias = nestedOver(this->alias(storageAsTensor(t)), t);
+    originals_.emplace(alias.unsafeGetTensorImpl(), t);
+    return alias;
+  }
   TORCH_CHECK(t.device() == device_, "Expected all tensors to be on the same device, but found at least two "
               "devices, ", device_, " and ", t.device(), "! Move them with .to('", device_, "') first.");
   // Resizable through the CPU allocator, which serves npu memory here (out= resizes).
@@ -92,6 +111,10 @@ at::Tensor HostExecution::viewOf(const at::Tensor& npu_base, const at::Tensor& r
 
 at::Tensor HostExecution::toNpu(const at::Tensor& result) {
   if (!result.defined() || result.device().type() == kNPU) return result;
+  if (result.is_nested()) {
+    if (auto it = originals_.find(result.unsafeGetTensorImpl()); it != originals_.end()) return it->second;
+    return nestedOver(toNpu(storageAsTensor(result)), result);
+  }
   at::Tensor out = adoptOrView(result);
   // A lazy conjugate or negation (e.g. fft's ret.conj()) stays lazy on the npu.
   out.unsafeGetTensorImpl()->_set_conj(result.is_conj());

@@ -3,6 +3,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/TypeProperties.h>
+#include <torch/library.h>
 #include <c10/core/DeviceGuard.h>
 
 #include <set>
@@ -219,7 +220,7 @@ void NativeKernel::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet
     // Run now on the host thread so an error is seen here and can be retried.
     const std::vector<c10::IValue> arguments(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
     try {
-      runOnHost(op, stack, device);
+      runOnHost(op, stack, device, kCPUKeys);
     } catch (const c10::Error&) {
       stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
       stack->insert(stack->end(), arguments.begin(), arguments.end());
@@ -230,7 +231,7 @@ void NativeKernel::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet
   if (t.in_place) {
     runQueued(op, stack, device);
   } else {
-    runOnHost(op, stack, device);
+    runOnHost(op, stack, device, kCPUKeys);
   }
 }
 
@@ -299,14 +300,15 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
     // kernel decide, in stream order on this thread, raising at the call.
     torch::jit::drop(*stack, schema.returns().size());
     stack->insert(stack->end(), originals.begin(), originals.end());
-    runOnHost(op, stack, device);
+    runOnHost(op, stack, device, kCPUKeys);
     return;
   }
   launch(device.index(), name, [op, args = std::move(args)]() mutable { op.redispatchBoxed(kCPUKeys, &args); },
          bytes);
 }
 
-void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device) {
+void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device,
+                             c10::DispatchKeySet cpu_keys) {
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
   const size_t begin = stack->size() - n;
@@ -341,7 +343,7 @@ void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* s
     }
   }
 
-  op.redispatchBoxed(kCPUKeys, stack);
+  op.redispatchBoxed(cpu_keys, stack);
 
   for (const auto& t : written) exec.syncBack(t);
   const size_t returns = schema.returns().size();
@@ -355,6 +357,21 @@ void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* s
       v = std::move(list);
     }
   }
+}
+
+namespace {
+// Nested tensors on the npu (nn.TransformerEncoder's fast path for padded
+// batches makes them): each op runs its NestedTensorCPU kernel on host views
+// of the npu memory, in stream order, like the op library's kernels.
+void nestedOnHost(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, torch::jit::Stack* stack) {
+  static const c10::DispatchKeySet nested_cpu(c10::DispatchKey::NestedTensorCPU);
+  const size_t begin = stack->size() - op.schema().arguments().size();
+  NativeKernel::runOnHost(op, stack, dispatch::deviceOfArguments(op, *stack, begin), nested_cpu);
+}
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&nestedOnHost>());
 }
 
 }  // namespace npu::ops

@@ -60,9 +60,17 @@ class NativeKernel final : public c10::OperatorKernel {
   // The first dtype among the inputs (or a dtype= argument) the kernel lacks.
   std::optional<c10::ScalarType> refusedDtype(const c10::OperatorHandle& op, const torch::jit::Stack& stack) const;
   std::string supportedDtypes() const;
-  // `device`: the op's npu device, its arguments checked (dispatch::deviceOfArguments).
   void runQueued(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device);
-  void runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device);
+
+ public:
+  // Runs the op's kernel for `cpu_keys` (CPU, or NestedTensorCPU) now, on this
+  // thread, in stream order, on host views of the npu arguments; results become
+  // npu tensors. `device`: the op's npu device, its arguments checked
+  // (dispatch::deviceOfArguments).
+  static void runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device,
+                        c10::DispatchKeySet cpu_keys);
+
+ private:
 
   const DtypeSet dtypes_;
   std::once_flag analysed_;

@@ -83,6 +83,11 @@ std::vector<LibraryEntry> libraryEntries() {
                  "_scaled_dot_product_flash_attention_for_cpu",
                  "_scaled_dot_product_flash_attention_for_cpu_backward", "multinomial", "normal", "poisson",
                  "_standard_gamma", "_dirichlet_grad", "_sample_dirichlet"});
+  // nn.MultiheadAttention's and nn.TransformerEncoder's inference fast paths
+  // (nested tensors for padded batches).
+  add(floating, {"_transformer_encoder_layer_fwd", "_native_multi_head_attention", "_transform_bias_rescale_qkv",
+                 "_masked_softmax", "_nested_tensor_from_mask", "_nested_from_padded"});
+  add(all, {"_nested_tensor_from_mask_left_aligned"});
   // Indexing, shape and creation.
   add(all, {"cat", "index", "_index_put_impl", "index_put", "index_select", "gather", "scatter", "scatter_add",
             "scatter_reduce", "index_add", "index_copy", "index_fill", "index_reduce", "take", "put", "flip",
@@ -90,8 +95,8 @@ std::vector<LibraryEntry> libraryEntries() {
             "linspace", "logspace", "eye", "randperm", "embedding", "one_hot", 
             "constant_pad_nd", "polar", "max_unpool2d", "histogram", "_histogramdd_from_bin_cts",
             "_histogramdd_bin_edges", "_embedding_bag_per_sample_weights_backward", "segment_reduce",
-            "_segment_reduce_backward", "renorm", "trace", "diff", "cross", "_pad_packed_sequence",
-            "_pack_padded_sequence", "isin", "_assert_async", "view_as_real", "view_as_complex"});
+            "_segment_reduce_backward", "renorm", "trace", "diff", "cross",
+            "isin", "_assert_async", "view_as_real", "view_as_complex"});
   // Optimisers (torch.optim's foreach paths, GradScaler).
   add(all, {"_foreach_add", "_foreach_sub", "_foreach_mul", "_foreach_div", "_foreach_addcmul", "_foreach_addcdiv",
             "_foreach_sqrt", "_foreach_lerp", "_foreach_norm", "_foreach_maximum", "_foreach_minimum",
