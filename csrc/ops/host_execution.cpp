@@ -2,6 +2,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/NestedTensorImpl.h>
+#include <ATen/SparseTensorImpl.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
 
@@ -81,13 +82,36 @@ at::Tensor nestedOver(const at::Tensor& buffer, const at::Tensor& nested) {
 at::Tensor storageAsTensor(const at::Tensor& nested) {
   return at::native::get_nested_tensor_impl(nested)->get_unsafe_storage_as_tensor();
 }
+
+at::SparseTensorImpl* sparseImpl(const at::Tensor& t) {
+  return static_cast<at::SparseTensorImpl*>(t.unsafeGetTensorImpl());
+}
+// `target` (a sparse COO tensor) takes the layout of `source` over the given
+// indices and values.
+void setSparse(const at::Tensor& target, const at::Tensor& source, const at::Tensor& indices,
+               const at::Tensor& values) {
+  auto* impl = sparseImpl(target);
+  const auto* from = sparseImpl(source);
+  impl->resize_and_clear_(from->sparse_dim(), from->dense_dim(), from->sizes());
+  impl->set_indices_and_values_unsafe(indices, values);
+  impl->set_coalesced(from->coalesced());
+}
+at::Tensor newSparse(c10::DispatchKey key, const at::Tensor& like, const at::Tensor& indices,
+                     const at::Tensor& values) {
+  at::Tensor t = at::detail::make_tensor<at::SparseTensorImpl>(c10::DispatchKeySet(key), like.dtype());
+  setSparse(t, like, indices, values);
+  return t;
+}
 }  // namespace
 
 at::Tensor HostExecution::alias(const at::Tensor& t) {
   if (!t.defined() || t.device().type() != kNPU) return t;
-  if (t.is_nested()) {
-    // The cpu nested tensor over the same memory (its buffer aliased).
-    at::Tensor alias = nestedOver(this->alias(storageAsTensor(t)), t);
+  if (t.is_nested() || t.layout() == c10::kSparse) {
+    // The cpu nested tensor over the same memory (its buffer aliased), or the
+    // cpu sparse tensor over its aliased indices and values.
+    at::Tensor alias = t.is_nested() ? nestedOver(this->alias(storageAsTensor(t)), t)
+                                     : newSparse(c10::DispatchKey::SparseCPU, t, this->alias(sparseImpl(t)->indices()),
+                                                 this->alias(sparseImpl(t)->values()));
     originals_.emplace(alias.unsafeGetTensorImpl(), t);
     return alias;
   }
@@ -111,9 +135,11 @@ at::Tensor HostExecution::viewOf(const at::Tensor& npu_base, const at::Tensor& r
 
 at::Tensor HostExecution::toNpu(const at::Tensor& result) {
   if (!result.defined() || result.device().type() == kNPU) return result;
-  if (result.is_nested()) {
+  if (result.is_nested() || result.layout() == c10::kSparse) {
     if (auto it = originals_.find(result.unsafeGetTensorImpl()); it != originals_.end()) return it->second;
-    return nestedOver(toNpu(storageAsTensor(result)), result);
+    if (result.is_nested()) return nestedOver(toNpu(storageAsTensor(result)), result);
+    return newSparse(c10::DispatchKey::SparsePrivateUse1, result, toNpu(sparseImpl(result)->indices()),
+                     toNpu(sparseImpl(result)->values()));
   }
   at::Tensor out = adoptOrView(result);
   // A lazy conjugate or negation (e.g. fft's ret.conj()) stays lazy on the npu.
@@ -160,12 +186,17 @@ void HostExecution::syncBack(const at::Tensor& npu_tensor) {
   if (!npu_tensor.defined() || npu_tensor.device().type() != kNPU) return;
   at::Tensor host;
   for (const auto& [impl, original] : originals_) {
-    if (original.unsafeGetTensorImpl() == npu_tensor.unsafeGetTensorImpl()) {
+    if (original.unsafeGetTensorImpl() == npu_tensor.unsafeGetTensorImpl() && !impl->is_nested()) {
       host = at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(const_cast<c10::TensorImpl*>(impl)));
       break;
     }
   }
   if (!host.defined()) return;
+  if (npu_tensor.layout() == c10::kSparse) {
+    // The kernel may have given the sparse alias new indices and values (resize_as_, coalesce_).
+    setSparse(npu_tensor, host, toNpu(sparseImpl(host)->indices()), toNpu(sparseImpl(host)->values()));
+    return;
+  }
   auto* npu_impl = npu_tensor.unsafeGetTensorImpl();
   auto* npu_storage = npu_impl->unsafe_storage().unsafeGetStorageImpl();
   auto* host_storage = host.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();

@@ -3,7 +3,6 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/TypeProperties.h>
-#include <torch/library.h>
 #include <c10/core/DeviceGuard.h>
 
 #include <set>
@@ -357,21 +356,6 @@ void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* s
       v = std::move(list);
     }
   }
-}
-
-namespace {
-// Nested tensors on the npu (nn.TransformerEncoder's fast path for padded
-// batches makes them): each op runs its NestedTensorCPU kernel on host views
-// of the npu memory, in stream order, like the op library's kernels.
-void nestedOnHost(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, torch::jit::Stack* stack) {
-  static const c10::DispatchKeySet nested_cpu(c10::DispatchKey::NestedTensorCPU);
-  const size_t begin = stack->size() - op.schema().arguments().size();
-  NativeKernel::runOnHost(op, stack, dispatch::deviceOfArguments(op, *stack, begin), nested_cpu);
-}
-}  // namespace
-
-TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&nestedOnHost>());
 }
 
 }  // namespace npu::ops

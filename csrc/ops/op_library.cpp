@@ -10,6 +10,7 @@
 #include <set>
 #include <vector>
 
+#include "../dispatch/fallback.h"
 #include "native_kernel.h"
 
 namespace npu::ops {
@@ -119,7 +120,43 @@ bool hasCpuKernel(const c10::OperatorHandle& op) {
          !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
 }
 
+// Nested and sparse COO tensors on the npu (nn.TransformerEncoder's fast path
+// for padded batches makes nested ones; nn.Embedding(sparse=True) and
+// torch.optim.SparseAdam sparse ones): each op runs its NestedTensorCPU or
+// SparseCPU kernel on host views of the npu memory, in stream order.
+template <c10::DispatchKey CpuKey>
+void runOnHostFor(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, torch::jit::Stack* stack) {
+  static const c10::DispatchKeySet cpu_keys(CpuKey);
+  const size_t begin = stack->size() - op.schema().arguments().size();
+  NativeKernel::runOnHost(op, stack, dispatch::deviceOfArguments(op, *stack, begin), cpu_keys);
+}
+
+// The fallback for the npu key serves ops without a kernel of their own for
+// it; ops with a CompositeExplicitAutograd kernel (which would otherwise
+// take the npu key, as is_coalesced's "not sparse" default does) get it by name.
+void registerLayoutKernels(torch::Library& library, c10::DispatchKey cpu_key, c10::DispatchKey npu_key,
+                           torch::CppFunction (*kernel)()) {
+  for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    auto op = c10::Dispatcher::singleton().findSchema(name);
+    if (!op || !op->hasKernelForDispatchKey(cpu_key) || op->hasKernelForDispatchKey(npu_key)) continue;
+    if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+      continue;
+    }
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    const std::string full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+    library.impl(full.c_str() + 6, torch::dispatch(npu_key, kernel()));
+  }
+}
+
 }  // namespace
+
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&runOnHostFor<c10::DispatchKey::NestedTensorCPU>>());
+}
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&runOnHostFor<c10::DispatchKey::SparseCPU>>());
+}
 
 void registerOpLibrary() {
   static std::once_flag once;
@@ -148,6 +185,13 @@ void registerOpLibrary() {
       }
       if (!matched) unmatched().push_back(entry.name);
     }
+    static auto* layouts = new torch::Library(torch::Library::IMPL, "aten", std::nullopt, __FILE__, __LINE__);
+    registerLayoutKernels(*layouts, c10::DispatchKey::SparseCPU, c10::DispatchKey::SparsePrivateUse1, [] {
+      return torch::CppFunction::makeFromBoxedFunction<&runOnHostFor<c10::DispatchKey::SparseCPU>>();
+    });
+    registerLayoutKernels(*layouts, c10::DispatchKey::NestedTensorCPU, c10::DispatchKey::NestedTensorPrivateUse1, [] {
+      return torch::CppFunction::makeFromBoxedFunction<&runOnHostFor<c10::DispatchKey::NestedTensorCPU>>();
+    });
   });
 }
 
