@@ -235,3 +235,32 @@ def _check(op):
 @pytest.mark.parametrize("name", PASSING)
 def test_opinfo_matches_cpu(op_db, name):
     _check(op_db[name])
+
+
+# Families with native npu kernels (LAPACK decompositions and solvers, torch.fft,
+# polygamma): these run with the fallback forbidden, so a float32 sample that
+# silently went to the cpu fails here.
+NATIVE = [
+    'cholesky', 'cholesky_inverse', 'cholesky_solve', 'geqrf', 'logdet', 'lu', 'lu_solve', 'lu_unpack',
+    'matrix_exp', 'qr', 'triangular_solve', 'svd', 'mvlgamma.mvlgamma_p_1', 'polygamma.polygamma_n_1',
+    'linalg.cholesky', 'linalg.cholesky_ex', 'linalg.cond', 'linalg.det', 'linalg.eig', 'linalg.eigh',
+    'linalg.eigvals', 'linalg.eigvalsh', 'linalg.householder_product', 'linalg.inv', 'linalg.inv_ex',
+    'linalg.ldl_factor', 'linalg.ldl_factor_ex', 'linalg.ldl_solve', 'linalg.lstsq', 'linalg.lu',
+    'linalg.lu_factor', 'linalg.lu_factor_ex', 'linalg.matrix_norm', 'linalg.matrix_power', 'linalg.qr',
+    'linalg.slogdet', 'linalg.solve', 'linalg.solve_ex', 'linalg.svd', 'linalg.svdvals', 'linalg.tensorinv',
+    'linalg.tensorsolve',
+    'fft.fft', 'fft.ifft', 'fft.rfft', 'fft.irfft', 'fft.hfft', 'fft.ihfft', 'fft.rfft2', 'fft.irfft2',
+    'fft.rfftn', 'fft.irfftn', 'fft.hfft2', 'fft.hfftn',
+]
+
+
+@pytest.fixture
+def fallback_forbidden():
+    torch_npu.set_fallback_mode("error")
+    yield
+    torch_npu.set_fallback_mode("auto")
+
+
+@pytest.mark.parametrize("name", NATIVE)
+def test_native_family_runs_without_fallback(op_db, name, fallback_forbidden):
+    _check(op_db[name])

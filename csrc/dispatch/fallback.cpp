@@ -105,7 +105,7 @@ std::string describeArguments(const c10::FunctionSchema& schema, const torch::ji
   if (reason == FallbackReason::Dtype) {
     why << "the npu kernel does not support dtype " << dtype_list;
     if (refusal != nullptr) why << "; it supports " << refusal->supported;
-    why << " (the npu has no float64 or complex kernels; cast with .float() to stay on the npu)";
+    why << " (the npu has no float64 kernels, and complex ones only for torch.fft; cast with .float() to stay on the npu)";
   } else {
     why << "no npu kernel is registered for it";
   }

@@ -158,12 +158,16 @@ bool NativeKernel::accepts(c10::ScalarType type) const {
 
 std::optional<c10::ScalarType> NativeKernel::refusedDtype(const c10::OperatorHandle& op,
                                                           const torch::jit::Stack& stack) const {
-  // Every operand counts, the cpu ones too: a 0-dim float64 or complex cpu
-  // tensor promotes the result. A wrapped Python number only promotes to
-  // complex (2.5 keeps a float32 op float32; 1j makes it complex).
+  // Every npu operand's dtype must be supported. A cpu operand (a 0-dim tensor
+  // or a wrapped Python number) of another dtype is refused only when it
+  // promotes the result: x * 2.5 and x * torch.tensor(2.0, dtype=float64)
+  // stay float32, x * 1j is complex, int_x + torch.tensor(1.5, dtype=float64) float64.
+  bool foreign_scalar = false;
   auto refuses = [&](const at::Tensor& t) {
     if (!t.defined() || accepts(t.scalar_type())) return false;
-    return !t.unsafeGetTensorImpl()->is_wrapped_number() || c10::isComplexType(t.scalar_type());
+    if (t.device().type() == kNPU) return true;
+    foreign_scalar = true;
+    return false;
   };
   const auto& args = op.schema().arguments();
   const size_t begin = stack.size() - args.size();
@@ -186,6 +190,16 @@ std::optional<c10::ScalarType> NativeKernel::refusedDtype(const c10::OperatorHan
     } else if (v.isComplexDouble()) {
       return c10::kComplexDouble;
     }
+  }
+  if (foreign_scalar) {
+    at::native::ResultTypeState state = {};
+    for (size_t i = begin; i < stack.size(); ++i) {
+      if (stack[i].isTensor() && stack[i].toTensor().defined()) {
+        state = at::native::update_result_type_state(stack[i].toTensor(), state);
+      }
+    }
+    const auto result = at::native::result_type(state);
+    if (!accepts(result)) return result;
   }
   return std::nullopt;
 }

@@ -4,6 +4,8 @@
 // CPU (or CompositeExplicitAutograd) kernel for it: that kernel is what runs on
 // npu memory. Ops PyTorch decomposes (CompositeImplicitAutograd) are left to
 // the decomposition, so autograd keeps working through them.
+#include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_fused_sdp_choice_native.h>
 #include <torch/library.h>
 
 #include <memory>
@@ -44,7 +46,8 @@ std::vector<LibraryEntry> libraryEntries() {
                  "hardswish", "hardswish_backward", "hardsigmoid", "hardsigmoid_backward", "mish",
                  "mish_backward", "logit", "logit_backward", "nan_to_num", "xlogy", "lerp", "addcmul", "addcdiv",
                  "glu", "glu_backward", "log_sigmoid_forward", "log_sigmoid_backward", "rrelu_with_noise",
-                 "prelu", "_prelu_kernel", "_prelu_kernel_backward", "softshrink", "hardshrink"});
+                 "prelu", "_prelu_kernel", "_prelu_kernel_backward", "softshrink", "hardshrink", "polygamma",
+                 "_standard_gamma_grad", "binomial", "embedding_renorm"});
   // Reductions, scans, sorting.
   add(all, {"sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin", "prod", "any", "all", "cumsum",
             "cumprod", "sort", "topk", "kthvalue", "median", "nanmedian", "mode", "count_nonzero", "aminmax",
@@ -56,6 +59,15 @@ std::vector<LibraryEntry> libraryEntries() {
   add(floating, {"mm", "bmm", "addmm", "addmv", "addbmm", "baddbmm", "mv", "dot", "vdot", "addr", "_addmm_activation",
                  "linalg_cross", "_cdist_forward", "_cdist_backward", "_pdist_forward", "tril_indices",
                  "triu_indices"});
+  // Decompositions and solvers (LAPACK on the emulated device).
+  add(floating, {"linalg_cholesky_ex", "linalg_inv_ex", "linalg_lu_factor_ex", "linalg_lu", "linalg_lu_solve",
+                 "_linalg_det", "_linalg_slogdet", "_linalg_solve_ex", "linalg_solve_triangular",
+                 "triangular_solve", "_linalg_eigh", "linalg_eig", "_linalg_svd", "linalg_qr", "geqrf", "ormqr",
+                 "linalg_householder_product", "linalg_ldl_factor_ex", "linalg_ldl_solve", "linalg_lstsq",
+                 "_cholesky_solve_helper", "cholesky_inverse", "lu_unpack", "linalg_matrix_exp",
+                 "_linalg_check_errors", "cholesky", "_linalg_eigvals"});
+  // torch.fft: real and complex64 transforms.
+  add(floating | DtypeSet{c10::kComplexFloat}, {"_fft_r2c", "_fft_c2r", "_fft_c2c"});
   // Convolution helpers, pooling, upsampling, padding.
   add(floating, {"max_pool2d_with_indices", "max_pool2d_with_indices_backward", "max_pool3d_with_indices",
                  "max_pool3d_with_indices_backward", "avg_pool2d", "avg_pool2d_backward", "avg_pool3d",
@@ -149,6 +161,15 @@ void registerLayoutKernels(torch::Library& library, c10::DispatchKey cpu_key, c1
   }
 }
 
+// F.scaled_dot_product_attention asks the device which kernel to run; without
+// an answer it takes the unfused math path. The npu answers as the cpu does,
+// so both run the same flash kernel (listed above) and agree bit for bit.
+int64_t sdpaChoice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                   const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                   std::optional<double> scale, bool enable_gqa) {
+  return at::native::_fused_sdp_choice_cpp(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
@@ -198,3 +219,7 @@ void registerOpLibrary() {
 const std::vector<std::string>& unmatchedLibraryNames() { return unmatched(); }
 
 }  // namespace npu::ops
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &npu::ops::sdpaChoice)
+}  // namespace at::native
