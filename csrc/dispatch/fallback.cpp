@@ -492,18 +492,9 @@ c10::Device deviceOfArguments(const c10::OperatorHandle& op, const torch::jit::S
   const auto& args = op.schema().arguments();
   std::optional<c10::Device> device;
   for (size_t i = begin; i < stack.size() && !device; ++i) {
-    const auto& v = stack[i];
-    if (v.isTensor() && isNpuTensor(v.toTensor())) {
-      device = v.toTensor().device();
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorVector()) {
-        if (isNpuTensor(t)) { device = t.device(); break; }
-      }
-    } else if (v.isOptionalTensorList()) {
-      for (const auto& t : v.toOptionalTensorVector()) {
-        if (t.has_value() && isNpuTensor(*t)) { device = t->device(); break; }
-      }
-    }
+    forEachTensor(stack[i], [&](const at::Tensor& t, bool) {
+      if (!device && isNpuTensor(t)) device = t.device();
+    });
   }
   for (size_t i = begin; i < stack.size() && !device; ++i) {
     if (stack[i].isDevice() && stack[i].toDevice().type() == kNPU) {
@@ -516,7 +507,7 @@ c10::Device deviceOfArguments(const c10::OperatorHandle& op, const torch::jit::S
     const auto& v = stack[i];
     const auto& arg = args[i - begin];
     const bool writes = arg.alias_info() != nullptr && arg.alias_info()->isWrite();
-    auto check = [&](const at::Tensor& t, bool index_list) {
+    auto check = [&](const at::Tensor& t, bool index_list) {  // index_list: an element of a Tensor?[]
       if (!t.defined()) return;
       if (isNpuTensor(t)) {
         if (t.device() != *device) raiseDeviceMismatch(op, arg, *device, t, "");
@@ -528,15 +519,7 @@ c10::Device deviceOfArguments(const c10::OperatorHandle& op, const torch::jit::S
                               ? ": a cpu tensor cannot receive the result of an npu op"
                               : ": only 0-dim cpu tensors may be mixed with npu tensors");
     };
-    if (v.isTensor()) {
-      check(v.toTensor(), false);
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorVector()) check(t, false);
-    } else if (v.isOptionalTensorList()) {
-      for (const auto& t : v.toOptionalTensorVector()) {
-        if (t.has_value()) check(*t, /*index_list=*/true);
-      }
-    }
+    forEachTensor(v, check);
   }
   return *device;
 }
@@ -561,16 +544,7 @@ void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, Fallba
 
   HostCopies copies(&to_cpu);
   for (size_t i = begin; i < stack->size(); ++i) {
-    const c10::IValue& v = (*stack)[i];
-    if (v.isTensor()) {
-      copies.note(v.toTensor());
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorVector()) copies.note(t);
-    } else if (v.isOptionalTensorList()) {
-      for (const auto& t : v.toOptionalTensorVector()) {
-        if (t.has_value()) copies.note(*t);
-      }
-    }
+    forEachTensor((*stack)[i], [&](const at::Tensor& t, bool) { copies.note(t); });
   }
 
   // Inputs to the host; remember those the op writes to (in-place, out=).

@@ -124,6 +124,21 @@ c10::Device deviceOfArguments(const c10::OperatorHandle& op, const torch::jit::S
 // Arguments PyTorch wants on the cpu whatever the device, such as
 // _pack_padded_sequence's `lengths`.
 bool isCpuSideArgument(const c10::OperatorHandle& op, const c10::Argument& arg);
+// Calls f(tensor, in_optional_list) for the tensors of one argument: a Tensor,
+// each of a Tensor[], each present one of a Tensor?[]. Copies nothing (this
+// runs for every op).
+template <class F>
+void forEachTensor(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) {
+    f(v.toTensor(), false);
+  } else if (v.isTensorList()) {
+    for (const c10::IValue& e : v.toListRef()) f(e.toTensor(), false);
+  } else if (v.isOptionalTensorList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isTensor()) f(e.toTensor(), true);
+    }
+  }
+}
 // A ScalarType? argument (dtype=) arrives as an int; its real type says so.
 bool isScalarTypeArgument(const c10::Argument& arg);
 

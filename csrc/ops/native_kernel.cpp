@@ -173,18 +173,12 @@ std::optional<c10::ScalarType> NativeKernel::refusedDtype(const c10::OperatorHan
   const size_t begin = stack.size() - args.size();
   for (size_t i = begin; i < stack.size(); ++i) {
     const auto& v = stack[i];
-    if (v.isTensor()) {
-      const auto& t = v.toTensor();
-      if (refuses(t)) return t.scalar_type();
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorVector()) {
-        if (refuses(t)) return t.scalar_type();
-      }
-    } else if (v.isOptionalTensorList()) {
-      for (const auto& t : v.toOptionalTensorVector()) {
-        if (t.has_value() && refuses(*t)) return t->scalar_type();
-      }
-    } else if (v.isInt() && dispatch::isScalarTypeArgument(args[i - begin])) {
+    std::optional<c10::ScalarType> refused;
+    dispatch::forEachTensor(v, [&](const at::Tensor& t, bool) {
+      if (!refused && refuses(t)) refused = t.scalar_type();
+    });
+    if (refused) return refused;
+    if (v.isInt() && dispatch::isScalarTypeArgument(args[i - begin])) {
       const auto type = static_cast<c10::ScalarType>(v.toInt());
       if (!accepts(type)) return type;
     } else if (v.isComplexDouble()) {
