@@ -331,3 +331,30 @@ def test_former_fallbacks_run_natively(fallback_forbidden):
     alpha = (torch.rand(3) + 1).npu().requires_grad_()
     torch._standard_gamma(alpha).sum().backward()  # _standard_gamma_grad
     assert math.isfinite(alpha.grad.sum().item())
+
+
+def test_nested_and_sparse_tensors_move_between_devices():
+    from conftest import NUM_DEVICES
+
+    parts = [torch.randn(2, 3), torch.randn(1, 3)]
+    nested = torch.nested.nested_tensor(parts).npu()
+    assert nested.is_nested and nested.device.type == "npu"
+    back = nested.cpu()
+    assert back.device.type == "cpu" and back.is_nested
+    expected = torch.nested.to_padded_tensor(torch.nested.nested_tensor(parts), 0.0)
+    torch.testing.assert_close(torch.nested.to_padded_tensor(back, 0.0), expected)
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.tensor([1.0, 2.0]), (4,))
+    moved = sparse.npu()
+    assert moved.layout == torch.sparse_coo and moved.device.type == "npu"
+    assert moved.cpu().device.type == "cpu" and moved.cpu().to_dense().tolist() == [1.0, 0.0, 2.0, 0.0]
+    if NUM_DEVICES > 1:
+        assert nested.to("npu:1").device == torch.device("npu:1")
+        assert moved.to("npu:1").device == torch.device("npu:1")
+
+
+def test_rnn_backward_kernels_check_shapes():
+    cx = torch.randn(2, 4).npu()
+    with pytest.raises(RuntimeError, match="_thnn_fused_lstm_cell_backward_impl.*workspace"):
+        torch.ops.aten._thnn_fused_lstm_cell_backward_impl(cx, None, cx, cx, torch.randn(2, 8).npu(), True)
+    with pytest.raises(RuntimeError, match="_thnn_fused_gru_cell_backward.*workspace"):
+        torch.ops.aten._thnn_fused_gru_cell_backward(cx, torch.randn(2, 12).npu(), True)

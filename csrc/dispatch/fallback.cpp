@@ -165,6 +165,8 @@ class HostCopies {
     }
     at::Tensor view = at::empty({0}, t.options().device(c10::kCPU));
     view.set_(span.host.storage(), (byteRange(t).first - span.first) / item, t.sizes(), t.strides());
+    view.unsafeGetTensorImpl()->_set_conj(t.is_conj());  // z * z.conj() shares memory, lazily conjugated
+    view.unsafeGetTensorImpl()->_set_neg(t.is_neg());
     return view;
   }
 
@@ -465,10 +467,10 @@ bool isScalarTypeArgument(const c10::Argument& arg) {
 }
 
 bool isCpuSideArgument(const c10::OperatorHandle& op, const c10::Argument& arg) {
-  // (op, argument): what PyTorch documents as host-side for accelerators.
+  // (op, argument): what PyTorch documents as host-side for accelerators. (The
+  // packed-sequence ops, which also take cpu lengths, are device-generic
+  // composites of PyTorch's and never reach the npu's kernels.)
   static const std::set<std::pair<std::string, std::string>> cpu_side = {
-      {"aten::_pack_padded_sequence", "lengths"},
-      {"aten::_pad_packed_sequence", "batch_sizes"},
       {"aten::_ctc_loss", "input_lengths"},
       {"aten::_ctc_loss", "target_lengths"},
       {"aten::_ctc_loss_backward", "input_lengths"},

@@ -121,8 +121,8 @@ const char* fallbackModeName(FallbackMode mode);
 // wrapped scalar), as an element of a Tensor?[] argument (indices), or as an
 // argument the op's schema documents as cpu-side (isCpuSideArgument).
 c10::Device deviceOfArguments(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t begin);
-// Arguments PyTorch wants on the cpu whatever the device, such as
-// _pack_padded_sequence's `lengths`.
+// Arguments PyTorch wants on the cpu whatever the device, such as the
+// lengths of _ctc_loss.Tensor.
 bool isCpuSideArgument(const c10::OperatorHandle& op, const c10::Argument& arg);
 // Calls f(tensor, in_optional_list) for the tensors of one argument: a Tensor,
 // each of a Tensor[], each present one of a Tensor?[]. Copies nothing (this

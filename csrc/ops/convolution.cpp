@@ -8,6 +8,8 @@
 #include <torch/library.h>
 
 #include <chrono>
+#include <functional>
+#include <initializer_list>
 
 #include "../dispatch/fallback.h"
 #include "host_execution.h"
@@ -17,6 +19,14 @@ namespace npu::ops {
 namespace {
 
 using dispatch::FallbackReason;
+
+// Whether every defined tensor is on `device` (else the device rule raises).
+bool onDevice(c10::Device device, std::initializer_list<std::reference_wrapper<const at::Tensor>> tensors) {
+  for (const at::Tensor& t : tensors) {
+    if (t.defined() && t.device() != device) return false;
+  }
+  return true;
+}
 
 bool supported(const at::Tensor& t) { return !t.defined() || floatingTypes().contains(t.scalar_type()); }
 
@@ -60,11 +70,15 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
                        c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
                        bool transposed, c10::IntArrayRef output_padding, int64_t groups) {
   const at::Tensor bias_t = bias.value_or(at::Tensor());
-  torch::jit::Stack stack;
-  torch::jit::push(stack, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups);
-  dispatch::deviceOfArguments(convolutionOp(), stack, 0);  // a cpu weight is the caller's error
+  auto boxed = [&] {
+    torch::jit::Stack stack;
+    torch::jit::push(stack, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups);
+    return stack;
+  };
+  // A cpu weight is the caller's error: the device rule raises it.
+  if (!onDevice(input.device(), {weight, bias_t})) dispatch::deviceOfArguments(convolutionOp(), boxed(), 0);
   if (!supported(input) || !supported(weight) || !supported(bias_t)) {
-    return fallBackByHand(convolutionOp(), stack, [&](int64_t* to_cpu, int64_t* to_npu) {
+    return fallBackByHand(convolutionOp(), boxed(), [&](int64_t* to_cpu, int64_t* to_npu) {
       auto out = at::convolution(host(input, to_cpu), host(weight, to_cpu), host(bias_t, to_cpu), stride, padding,
                                  dilation, transposed, output_padding, groups);
       return back(out, input.device(), to_npu);
@@ -83,12 +97,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
   // The bias gradient's size: output channels.
   std::vector<int64_t> bias_sizes{transposed ? weight.size(1) * groups : weight.size(0)};
   const auto bias_arg = output_mask[2] ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef();
-  torch::jit::Stack stack;
-  torch::jit::push(stack, grad_output, input, weight, stride, padding, dilation, transposed, output_padding, groups,
-                   output_mask);
-  dispatch::deviceOfArguments(convolutionBackwardOp(), stack, 0);
+  auto boxed = [&] {
+    torch::jit::Stack stack;
+    torch::jit::push(stack, grad_output, input, weight, stride, padding, dilation, transposed, output_padding,
+                     groups, output_mask);
+    return stack;
+  };
+  if (!onDevice(input.device(), {grad_output, weight})) {
+    dispatch::deviceOfArguments(convolutionBackwardOp(), boxed(), 0);
+  }
   if (!supported(grad_output) || !supported(input) || !supported(weight)) {
-    return fallBackByHand(convolutionBackwardOp(), stack,
+    return fallBackByHand(convolutionBackwardOp(), boxed(),
                           [&](int64_t* to_cpu, int64_t* to_npu) {
                             auto [gi, gw, gb] = at::convolution_backward(
                                 host(grad_output, to_cpu), host(input, to_cpu), host(weight, to_cpu), bias_arg, stride,

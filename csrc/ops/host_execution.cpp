@@ -3,8 +3,10 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/NestedTensorImpl.h>
 #include <ATen/SparseTensorImpl.h>
+#include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
+#include <torch/library.h>
 
 #include "../core/allocator.h"
 #include "../core/device.h"
@@ -112,7 +114,7 @@ at::Tensor HostExecution::alias(const at::Tensor& t) {
     at::Tensor alias = t.is_nested() ? nestedOver(this->alias(storageAsTensor(t)), t)
                                      : newSparse(c10::DispatchKey::SparseCPU, t, this->alias(sparseImpl(t)->indices()),
                                                  this->alias(sparseImpl(t)->values()));
-    originals_.emplace(alias.unsafeGetTensorImpl(), t);
+    originals_.emplace(alias.unsafeGetTensorImpl(), Aliased{alias, t});
     return alias;
   }
   TORCH_CHECK(t.device() == device_, "Expected all tensors to be on the same device, but found at least two "
@@ -120,7 +122,7 @@ at::Tensor HostExecution::alias(const at::Tensor& t) {
   // Resizable through the CPU allocator, which serves npu memory here (out= resizes).
   at::Tensor alias = cpuAlias(t, c10::GetCPUAllocator());
   const void* memory = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl()->data();
-  originals_.emplace(alias.unsafeGetTensorImpl(), t);
+  originals_.emplace(alias.unsafeGetTensorImpl(), Aliased{alias, t});
   if (memory != nullptr) by_memory_.emplace(memory, t);
   return alias;
 }
@@ -136,7 +138,7 @@ at::Tensor HostExecution::viewOf(const at::Tensor& npu_base, const at::Tensor& r
 at::Tensor HostExecution::toNpu(const at::Tensor& result) {
   if (!result.defined() || result.device().type() == kNPU) return result;
   if (result.is_nested() || result.layout() == c10::kSparse) {
-    if (auto it = originals_.find(result.unsafeGetTensorImpl()); it != originals_.end()) return it->second;
+    if (auto it = originals_.find(result.unsafeGetTensorImpl()); it != originals_.end()) return it->second.original;
     if (result.is_nested()) return nestedOver(toNpu(storageAsTensor(result)), result);
     return newSparse(c10::DispatchKey::SparsePrivateUse1, result, toNpu(sparseImpl(result)->indices()),
                      toNpu(sparseImpl(result)->values()));
@@ -149,7 +151,7 @@ at::Tensor HostExecution::toNpu(const at::Tensor& result) {
 }
 
 at::Tensor HostExecution::adoptOrView(const at::Tensor& result) {
-  if (auto it = originals_.find(result.unsafeGetTensorImpl()); it != originals_.end()) return it->second;
+  if (auto it = originals_.find(result.unsafeGetTensorImpl()); it != originals_.end()) return it->second.original;
   auto* host_storage = result.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
   if (auto it = by_memory_.find(host_storage->data()); it != by_memory_.end() && host_storage->data() != nullptr) {
     return viewOf(it->second, result);  // a view of an input
@@ -185,9 +187,9 @@ at::Tensor HostExecution::adoptOrView(const at::Tensor& result) {
 void HostExecution::syncBack(const at::Tensor& npu_tensor) {
   if (!npu_tensor.defined() || npu_tensor.device().type() != kNPU) return;
   at::Tensor host;
-  for (const auto& [impl, original] : originals_) {
-    if (original.unsafeGetTensorImpl() == npu_tensor.unsafeGetTensorImpl() && !impl->is_nested()) {
-      host = at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(const_cast<c10::TensorImpl*>(impl)));
+  for (const auto& [impl, aliased] : originals_) {
+    if (aliased.original.unsafeGetTensorImpl() == npu_tensor.unsafeGetTensorImpl() && !impl->is_nested()) {
+      host = aliased.alias;
       break;
     }
   }
@@ -213,5 +215,39 @@ void HostExecution::syncBack(const at::Tensor& npu_tensor) {
     npu_impl->set_sizes_and_strides(host.sizes(), host.strides(), host.storage_offset());
   }
 }
+
+namespace {
+// Nested and sparse tensors between devices (.cpu(), .npu(), .to("npu:1")):
+// the buffer, or the indices and values, move; the layout stays. (Their
+// other ops run through the host-view kernels above; those return npu
+// tensors, which a copy to another device must not.)
+at::Tensor nestedToCopy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
+                        std::optional<c10::Layout> /*layout*/, std::optional<c10::Device> device,
+                        std::optional<bool> /*pin_memory*/, bool non_blocking,
+                        std::optional<c10::MemoryFormat> /*memory_format*/) {
+  const at::Tensor buffer = storageAsTensor(self).to(device.value_or(self.device()),
+                                                     dtype.value_or(self.scalar_type()), non_blocking, /*copy=*/true);
+  return nestedOver(buffer, self);
+}
+
+at::Tensor sparseToCopy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
+                        std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                        std::optional<bool> /*pin_memory*/, bool non_blocking,
+                        std::optional<c10::MemoryFormat> /*memory_format*/) {
+  TORCH_CHECK(!layout.has_value() || *layout == c10::kSparse, "aten::_to_copy on npu: a sparse COO tensor cannot "
+              "change its layout in a copy; call .to_dense() first");
+  const c10::Device target = device.value_or(self.device());
+  const auto* impl = sparseImpl(self);
+  const at::Tensor indices = impl->indices().to(target, non_blocking, /*copy=*/true);
+  const at::Tensor values =
+      impl->values().to(target, dtype.value_or(self.scalar_type()), non_blocking, /*copy=*/true);
+  return at::_sparse_coo_tensor_with_dims_and_tensors(impl->sparse_dim(), impl->dense_dim(), self.sizes(), indices,
+                                                      values, values.options().layout(c10::kSparse),
+                                                      impl->coalesced());
+}
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, NestedTensorPrivateUse1, m) { m.impl("_to_copy", TORCH_FN(nestedToCopy)); }
+TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) { m.impl("_to_copy", TORCH_FN(sparseToCopy)); }
 
 }  // namespace npu::ops

@@ -50,7 +50,11 @@ class HostExecution {
   c10::DeviceGuard guard_;
   StreamHold hold_;
   c10::DeviceIndex previous_redirect_;
-  std::unordered_map<const c10::TensorImpl*, at::Tensor> originals_;      // alias impl -> npu tensor
+  struct Aliased {
+    at::Tensor alias;     // kept alive, so no later tensor can reuse its address
+    at::Tensor original;  // the npu tensor
+  };
+  std::unordered_map<const c10::TensorImpl*, Aliased> originals_;        // alias impl -> both
   std::unordered_map<const void*, at::Tensor> by_memory_;                  // storage base -> npu tensor
   std::unordered_map<const c10::StorageImpl*, c10::Storage> adopted_;     // host storage -> npu storage
 };

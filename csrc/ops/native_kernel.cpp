@@ -188,9 +188,9 @@ std::optional<c10::ScalarType> NativeKernel::refusedDtype(const c10::OperatorHan
   if (foreign_scalar) {
     at::native::ResultTypeState state = {};
     for (size_t i = begin; i < stack.size(); ++i) {
-      if (stack[i].isTensor() && stack[i].toTensor().defined()) {
-        state = at::native::update_result_type_state(stack[i].toTensor(), state);
-      }
+      dispatch::forEachTensor(stack[i], [&](const at::Tensor& t, bool) {
+        if (t.defined()) state = at::native::update_result_type_state(t, state);
+      });
     }
     const auto result = at::native::result_type(state);
     if (!accepts(result)) return result;

@@ -16,6 +16,8 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <functional>
+#include <initializer_list>
 #include <optional>
 
 #include "../core/device.h"
@@ -78,6 +80,28 @@ void checkCell(const char* op, const at::Tensor& input_gates, const at::Tensor& 
               hidden_gates.scalar_type(), " and ", state.scalar_type());
 }
 
+// The backward kernels index the workspace by the state's shape: every state
+// and gradient must be [batch, hidden] and the workspace [batch, slots * hidden],
+// all of one dtype.
+void checkBackward(const char* op, std::initializer_list<std::reference_wrapper<const at::Tensor>> states,
+                   const at::Tensor& workspace, int64_t slots, std::initializer_list<const at::Tensor*> grads) {
+  const at::Tensor& first = states.begin()->get();
+  TORCH_CHECK(first.dim() == 2, op, " on npu: expected a state of shape [batch, hidden], got ", first.sizes());
+  auto same = [&](const at::Tensor& t) {
+    TORCH_CHECK(t.sizes() == first.sizes() && t.scalar_type() == first.scalar_type(), op,
+                " on npu: expected [batch, hidden] = ", first.sizes(), " of dtype ", first.scalar_type(), ", got ",
+                t.sizes(), " of dtype ", t.scalar_type());
+  };
+  for (const at::Tensor& t : states) same(t);
+  for (const at::Tensor* g : grads) {
+    if (g != nullptr) same(*g);
+  }
+  TORCH_CHECK(workspace.dim() == 2 && workspace.size(0) == first.size(0) &&
+                  workspace.size(1) == slots * first.size(1) && workspace.scalar_type() == first.scalar_type(),
+              op, " on npu: expected a workspace of shape [", first.size(0), ", ", slots * first.size(1), "] and dtype ",
+              first.scalar_type(), ", got ", workspace.sizes(), " ", workspace.scalar_type());
+}
+
 #define NPU_DISPATCH_RNN_TYPES(type, name, ...) \
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, type, name, __VA_ARGS__)
 
@@ -136,8 +160,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstmCellBackward(const std::optio
                                                                 const std::optional<at::Tensor>& grad_cy,
                                                                 const at::Tensor& cx, const at::Tensor& cy,
                                                                 const at::Tensor& workspace, bool has_bias) {
-  HostExecution exec(cx.device());
   constexpr const char* op = "aten::_thnn_fused_lstm_cell_backward_impl";
+  const bool has_hy = grad_hy.has_value() && grad_hy->defined();
+  const bool has_cy = grad_cy.has_value() && grad_cy->defined();
+  if (!has_hy && !has_cy) return {};  // as on CUDA: no incoming gradient, none going out
+  checkBackward(op, {cx, cy}, workspace, 4, {has_hy ? &*grad_hy : nullptr, has_cy ? &*grad_cy : nullptr});
+  HostExecution exec(cx.device());
   const at::Tensor ghy = input(exec, op, "grad_hy", grad_hy);
   const at::Tensor gcy = input(exec, op, "grad_cy", grad_cy);
   const at::Tensor c = input(exec, op, "cx", cx);
@@ -221,8 +249,9 @@ std::tuple<at::Tensor, at::Tensor> gruCell(const at::Tensor& input_gates, const 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gruCellBackward(const at::Tensor& grad_hy,
                                                                                        const at::Tensor& workspace,
                                                                                        bool has_bias) {
-  HostExecution exec(workspace.device());
   constexpr const char* op = "aten::_thnn_fused_gru_cell_backward";
+  checkBackward(op, {grad_hy}, workspace, 5, {});
+  HostExecution exec(workspace.device());
   const at::Tensor go_t = input(exec, op, "grad_hy", grad_hy);
   const at::Tensor ws = input(exec, op, "workspace", workspace);
   const int64_t batch = go_t.size(0);
