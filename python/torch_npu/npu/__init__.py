@@ -48,6 +48,7 @@ from .random import (
     set_rng_state_all,
 )
 from .streams import Event, Stream, StreamContext, current_stream, default_stream, set_stream, stream
+from . import amp  # noqa: E402
 
 
 def get_amp_supported_dtype():
@@ -60,7 +61,7 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 __all__ = [
-    "Event", "Stream", "StreamContext", "current_device", "current_stream", "default_generators",
+    "Event", "Stream", "StreamContext", "amp", "current_device", "current_stream", "default_generators",
     "default_stream", "device", "device_count", "device_of", "empty_cache", "get_amp_supported_dtype",
     "get_device_capability", "get_device_name", "get_device_properties", "get_rng_state",
     "get_rng_state_all", "init", "initial_seed", "is_available", "is_bf16_supported", "is_initialized",

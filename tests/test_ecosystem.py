@@ -1,0 +1,154 @@
+"""The torch_npu API that libraries call when they detect an NPU adapter:
+npu_fusion_attention, torch_npu.optim.NpuFusedAdamW, torch.npu.amp.GradScaler,
+and transformers' own NPU code path (where transformers is installed)."""
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_npu
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def reference_attention(q, k, v, keep=None, scale=None, pse=None):
+    """BNSD attention on the cpu, spelled out: softmax(q k^T * scale + bias) v."""
+    if k.size(1) != q.size(1):
+        k = k.repeat_interleave(q.size(1) // k.size(1), 1)
+        v = v.repeat_interleave(q.size(1) // v.size(1), 1)
+    scores = q @ k.transpose(-2, -1) * scale
+    if pse is not None:
+        scores = scores + pse
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+def to_layout(t, layout):
+    b, n, s, d = t.shape
+    return {"BNSD": t, "BSND": t.transpose(1, 2), "BSH": t.transpose(1, 2).reshape(b, s, n * d),
+            "SBH": t.permute(2, 0, 1, 3).reshape(s, b, n * d)}[layout]
+
+
+@pytest.mark.parametrize("layout", ["BNSD", "BSND", "BSH", "SBH"])
+@pytest.mark.parametrize("sparse_mode", [0, 2, 3])
+def test_fusion_attention_matches_composition(layout, sparse_mode):
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 5, 8, requires_grad=True)
+    k = torch.randn(2, 2, 7, 8, requires_grad=True)  # grouped-query: 2 key/value heads
+    v = torch.randn(2, 2, 7, 8, requires_grad=True)
+    scale = 1 / math.sqrt(8)
+    if sparse_mode == 0:
+        atten_mask = torch.rand(5, 7) > 0.7
+        atten_mask[:, 0] = False  # every query sees a key
+        keep = ~atten_mask
+    else:
+        atten_mask = torch.triu(torch.ones(2048, 2048), diagonal=1).bool()  # transformers' compressed mask
+        keep = torch.ones(5, 7, dtype=torch.bool).tril(0 if sparse_mode == 2 else 2)
+    expected = to_layout(reference_attention(q, k, v, keep, scale), layout)
+    qn, kn, vn = (t.detach().npu().requires_grad_() for t in (q, k, v))
+    out = torch_npu.npu_fusion_attention(to_layout(qn, layout), to_layout(kn, layout), to_layout(vn, layout), 4,
+                                         layout, atten_mask=atten_mask.npu(), scale=scale, sparse_mode=sparse_mode)
+    assert len(out) == 7 and out[0].device.type == "npu"
+    torch.testing.assert_close(out[0].cpu(), expected.detach(), **TOL)
+    expected.square().sum().backward()
+    out[0].square().sum().backward()
+    for mine, theirs in ((qn, q), (kn, k), (vn, v)):
+        torch.testing.assert_close(mine.grad.cpu(), theirs.grad, **TOL)
+
+
+def test_fusion_attention_softmax_statistics_reproduce_the_softmax():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
+    out, softmax_max, softmax_sum, softmax_out, *_ = torch_npu.npu_fusion_attention(
+        q.npu(), k.npu(), v.npu(), 2, "BNSD", scale=0.5)
+    assert softmax_max.shape == (1, 2, 4, 8) and softmax_out.numel() == 0
+    scores = q @ k.transpose(-2, -1) * 0.5
+    probs = torch.exp(scores - softmax_max[..., :1].cpu()) / softmax_sum[..., :1].cpu()
+    torch.testing.assert_close(probs, scores.softmax(-1), **TOL)
+
+
+def test_fusion_attention_pse_and_varlen():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 4) for _ in range(3))
+    pse = torch.randn(1, 2, 6, 6)
+    out = torch_npu.npu_fusion_attention(q.npu(), k.npu(), v.npu(), 2, "BNSD", pse=pse.npu(), scale=0.5)[0]
+    torch.testing.assert_close(out.cpu(), reference_attention(q, k, v, scale=0.5, pse=pse), **TOL)
+    # TND: two sequences of 2 and 4 tokens packed along T, causal.
+    t_q = torch.randn(6, 2, 4)
+    out = torch_npu.npu_fusion_attention(t_q.npu(), t_q.npu(), t_q.npu(), 2, "TND", scale=0.5, sparse_mode=3,
+                                         actual_seq_qlen=(2, 6), actual_seq_kvlen=(2, 6))[0]
+    for begin, end in ((0, 2), (2, 6)):
+        seq = t_q[begin:end].transpose(0, 1).unsqueeze(0)
+        keep = torch.ones(end - begin, end - begin, dtype=torch.bool).tril()
+        expected = reference_attention(seq, seq, seq, keep, 0.5).squeeze(0).transpose(0, 1)
+        torch.testing.assert_close(out[begin:end].cpu(), expected, **TOL)
+
+
+def test_fusion_attention_rejects_what_it_does_not_support():
+    q = torch.randn(1, 2, 4, 8).npu()
+    with pytest.raises(ValueError, match="input_layout"):
+        torch_npu.npu_fusion_attention(q, q, q, 2, "NSD")
+    with pytest.raises(ValueError, match="sparse_mode 4"):
+        torch_npu.npu_fusion_attention(q, q, q, 2, "BNSD", sparse_mode=4)
+    with pytest.raises(ValueError, match="TND.*actual_seq_qlen"):
+        torch_npu.npu_fusion_attention(q[0], q[0], q[0], 2, "TND")
+
+
+def test_npu_fused_adamw_matches_adamw():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3)
+    npu_model = copy.deepcopy(model).npu()
+    ref = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
+    fused = torch_npu.optim.NpuFusedAdamW(npu_model.parameters(), lr=0.05, weight_decay=0.1)
+    assert fused.defaults["fused"]
+    for _ in range(3):
+        x = torch.randn(4, 6)
+        for m, opt, dev in ((model, ref, "cpu"), (npu_model, fused, "npu")):
+            opt.zero_grad()
+            m(x.to(dev)).square().sum().backward()
+            opt.step()
+    for p, q in zip(model.parameters(), npu_model.parameters()):
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), **TOL)
+
+
+def test_npu_amp_grad_scaler_skips_inf_steps():
+    p = torch.nn.Parameter(torch.ones(3, device="npu"))
+    opt = torch.optim.SGD([p], lr=0.1)
+    scaler = torch.npu.amp.GradScaler(init_scale=8.0)
+    scaler.scale((p * 2).sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    torch.testing.assert_close(p.detach().cpu(), torch.full((3,), 0.8))
+    opt.zero_grad()
+    p.grad = torch.full((3,), float("inf"), device="npu")
+    scaler.step(opt)
+    scaler.update()
+    torch.testing.assert_close(p.detach().cpu(), torch.full((3,), 0.8))  # the step was skipped
+    assert scaler.get_scale() == 4.0
+
+
+def test_transformers_llama_npu_attention_path_matches_cpu():
+    transformers = pytest.importorskip("transformers")
+    assert transformers.utils.is_torch_npu_available()
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=101)
+    cpu = transformers.LlamaForCausalLM(config)
+    npu_config = copy.deepcopy(config)
+    npu_config._attn_implementation = "flash_attention_2"  # transformers' NPU path: npu_fusion_attention
+    npu = transformers.LlamaForCausalLM(npu_config)
+    npu.load_state_dict(cpu.state_dict())
+    npu = npu.npu()
+    ids = torch.randint(0, 101, (2, 9))
+    expected, actual = cpu(input_ids=ids, labels=ids), npu(input_ids=ids.npu(), labels=ids.npu())
+    torch.testing.assert_close(actual.logits.cpu(), expected.logits, **TOL)
+    expected.loss.backward()
+    actual.loss.backward()
+    for (name, p), q in zip(cpu.named_parameters(), npu.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, msg=name, **TOL)
+    prompt = ids[:1, :4]
+    assert torch.equal(npu.generate(prompt.npu(), max_new_tokens=5, do_sample=False).cpu(),
+                       cpu.generate(prompt, max_new_tokens=5, do_sample=False))
