@@ -180,6 +180,11 @@ void bindDispatch(py::module_& m) {
     return out;
   });
   m.def("_reset_fallback_stats", [] { FallbackPolicy::instance().resetStats(); });
+  // A custom op's cpu implementation served npu inputs: counted like any fallback.
+  m.def("_record_fallback", [](const std::string& op, int64_t ns, int64_t to_cpu, int64_t to_npu) {
+    FallbackPolicy::instance().record(op, npu::dispatch::FallbackReason::Dtype, ns, to_cpu, to_npu);
+  });
+  m.def("_first_fallback_warning", [](const std::string& op) { return FallbackPolicy::instance().firstWarning(op); });
   m.def("_set_fallback_logger", [](py::object logger) {
     if (logger.is_none()) {
       FallbackPolicy::instance().setLogger(nullptr);

@@ -35,6 +35,7 @@ if not hasattr(torch.Tensor, "npu"):
     )
 
 from . import _ops_registry  # noqa: E402
+from ._custom_ops import register_npu_op  # noqa: E402
 from . import optim  # noqa: E402
 from ._attention import npu_fusion_attention  # noqa: E402
 from .fallback import (  # noqa: E402

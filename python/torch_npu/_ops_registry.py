@@ -16,6 +16,12 @@ Names may be given as "add", "aten::add", "aten::add.Tensor", "torch.add",
 "Tensor.add_" or "torch.ops.aten.add.Tensor". Without an overload, the op's
 primary overload answers.
 
+Your own operators join the registry (see ``register``)::
+
+    >>> torch_npu._ops_registry.register(name="my_custom_op", impl=lambda x, w: x * w, priority=200)
+    >>> torch_npu._ops_registry.get("my_custom_op")
+    OpInfo(name='npu::my_custom_op', backend='npu', priority=200, backends=['npu'])
+
 backend is one of:
   "npu"        a native kernel of the npu op library (or a custom op) runs it;
   "composite"  PyTorch decomposes it into other ops, which run on the npu;
@@ -26,8 +32,9 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from . import _C
+from ._custom_ops import all_custom_ops, custom_op, register
 
-__all__ = ["OpInfo", "contains", "get", "backends_for_op", "list_ops", "summary", "num_registered"]
+__all__ = ["OpInfo", "contains", "get", "backends_for_op", "list_ops", "summary", "num_registered", "register"]
 
 
 @dataclass(frozen=True)
@@ -43,8 +50,17 @@ def _info(resolved) -> OpInfo:
     return OpInfo(name, backend, priority, list(backends))
 
 
+def _custom_info(op) -> OpInfo:
+    best = op.best("npu") or op.best("cpu")
+    backends = [d for d in ("npu", "cpu") if op.best(d) is not None]
+    return OpInfo(op.qualified_name, best.device, best.priority, backends)
+
+
 def get(name: str) -> Optional[OpInfo]:
     """How the npu runs ``name``, or None if no such operator exists."""
+    op = custom_op(name)
+    if op is not None:
+        return _custom_info(op)
     resolved = _C._resolve_op(name)
     return None if resolved is None else _info(resolved)
 
@@ -62,15 +78,16 @@ def backends_for_op(name: str) -> List[str]:
 
 
 def list_ops(backend: Optional[str] = None) -> List[OpInfo]:
-    """All aten operators (each overload), optionally only those served by ``backend``."""
+    """All aten operators (each overload) and custom npu ops, optionally only those served by ``backend``."""
     if backend not in (None, "npu", "composite", "cpu", "none"):
         raise ValueError(f"backend must be 'npu', 'composite', 'cpu', 'none' or None, got {backend!r}")
     ops = [_info(r) for r in _C._all_ops() if r[0].startswith("aten::")]
+    ops += [_custom_info(op) for op in all_custom_ops()]
     return [op for op in ops if backend is None or op.backend == backend]
 
 
 def summary() -> Dict[str, int]:
-    """How many aten operators each backend serves."""
+    """How many operators (aten and custom) each backend serves."""
     counts: Dict[str, int] = {}
     for op in list_ops():
         counts[op.backend] = counts.get(op.backend, 0) + 1

@@ -1,0 +1,170 @@
+"""User operators: torch_npu._ops_registry.register and @register_npu_op.
+
+Ops are process-wide, so each test registers names of its own.
+"""
+import textwrap
+
+import pytest
+import torch
+
+import torch_npu
+from torch_npu import register_npu_op
+
+registry = torch_npu._ops_registry
+
+
+class MatMul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x @ w
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        return grad @ w.T, x.T @ grad
+
+
+@pytest.fixture
+def error_mode():
+    torch_npu.set_fallback_mode("error")
+    yield
+    torch_npu.set_fallback_mode("auto")
+
+
+def test_register_a_lambda_of_an_autograd_function():
+    registry.register(name="my_custom_op", impl=lambda x, w: MatMul.apply(x, w), priority=200, device="npu")
+    info = registry.get("my_custom_op")
+    assert info.backend == "npu" and info.priority == 200 and info.name == "npu::my_custom_op"
+    assert registry.contains("my_custom_op") and registry.contains("torch.ops.npu.my_custom_op")
+    assert registry.backends_for_op("npu::my_custom_op") == ["npu"]
+    assert "npu::my_custom_op" in [op.name for op in registry.list_ops("npu")]
+    assert registry.summary()["npu"] >= 1
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 4, requires_grad=True), torch.randn(4, 2, requires_grad=True)
+    xn, wn = (t.detach().npu().requires_grad_() for t in (x, w))
+    out = torch.ops.npu.my_custom_op(xn, wn)
+    (out.square().sum()).backward()
+    (x @ w).square().sum().backward()
+    torch.testing.assert_close(out.detach().cpu(), (x @ w).detach())
+    torch.testing.assert_close(xn.grad.cpu(), x.grad)
+    torch.testing.assert_close(wn.grad.cpu(), w.grad)
+
+
+def test_decorator_with_dtypes_and_annotations():
+    @register_npu_op(name="fused_add_matmul", device="npu", priority=150, dtype=["float16", "float32"])
+    def fused_add_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x @ w + x
+
+    assert callable(fused_add_matmul)
+    assert registry.get("fused_add_matmul").priority == 150
+    x = torch.randn(3, 3, requires_grad=True)
+    xn = x.detach().npu().requires_grad_()
+    fused_add_matmul(xn, xn).sum().backward()
+    (x @ x + x).sum().backward()  # differentiable torch ops: autograd flows through
+    torch.testing.assert_close(xn.grad.cpu(), x.grad)
+    out = fused_add_matmul(xn.detach().half(), xn.detach().half())
+    assert out.dtype == torch.float16 and out.device.type == "npu"
+
+
+def test_highest_priority_accepting_implementation_runs():
+    registry.register(name="pick_one", impl=lambda x: x + 1, priority=100)
+    registry.register(name="pick_one", impl=lambda x: x + 2, priority=300, dtype=["float16"])
+    registry.register(name="pick_one", impl=lambda x: x + 3, priority=200, dtype="float32")
+    assert torch.ops.npu.pick_one(torch.zeros(1, device="npu")).item() == 3.0          # 300 refuses float32
+    assert torch.ops.npu.pick_one(torch.zeros(1, device="npu").half()).item() == 2.0   # 300 takes float16
+    assert torch.ops.npu.pick_one(torch.zeros(1, device="npu").bfloat16()).item() == 1.0
+    # integer inputs pass every dtype set, so the highest priority takes them
+    assert torch.ops.npu.pick_one(torch.zeros(1, dtype=torch.int64, device="npu")).item() == 2
+    assert registry.get("pick_one").priority == 300
+
+
+def test_cpu_implementation_is_the_counted_fallback(error_mode):
+    registry.register(name="half_only", impl=lambda x: x * 2, priority=100, dtype=["float16"])
+    x = torch.ones(4, device="npu")
+    with pytest.raises(NotImplementedError, match=r"npu::half_only.*npu \(dtype float32\).*npu \(priority 100, "
+                                                  r"float16\)"):
+        torch.ops.npu.half_only(x)
+    registry.register(name="half_only", impl=lambda x: x * 3, device="cpu", priority=10)
+    assert registry.backends_for_op("half_only") == ["npu", "cpu"]
+    with pytest.raises(NotImplementedError, match="fallback mode is 'error'"):
+        torch.ops.npu.half_only(x)
+    torch_npu.set_fallback_mode("auto")
+    torch_npu.NPUFallbackMode.reset_fallback_stats()
+    out = torch.ops.npu.half_only(x)
+    assert out.device.type == "npu" and out.cpu().tolist() == [3.0] * 4
+    stats = torch_npu.NPUFallbackMode.get_fallback_stats()
+    assert stats["npu::half_only"].count == 1 and stats["npu::half_only"].bytes_copied == 32
+    assert torch.ops.npu.half_only(torch.ones(2)).tolist() == [3.0, 3.0]  # cpu inputs: the cpu implementation
+
+
+def test_explicit_backward_is_used():
+    def backward(grad, x):
+        return grad * 10  # deliberately not the derivative of x * 2
+
+    registry.register(name="with_backward", impl=lambda x: x * 2, backward=backward)
+    x = torch.ones(3, device="npu", requires_grad=True)
+    torch.ops.npu.with_backward(x).sum().backward()
+    assert x.grad.cpu().tolist() == [10.0] * 3
+
+
+def test_schema_argument_and_defaults():
+    registry.register(name="scaled", impl=lambda x, alpha=2.0: x * alpha, schema="(Tensor x, float alpha=2.0) -> Tensor")
+    x = torch.ones(2, device="npu")
+    assert torch.ops.npu.scaled(x).cpu().tolist() == [2.0, 2.0]
+    assert torch.ops.npu.scaled(x, 0.5).cpu().tolist() == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(name="dup_op", impl=lambda x: x, priority=5), ValueError, "already registered"),
+    (dict(name="bad_device", impl=lambda x: x, device="gpu"), ValueError, "device must be one of"),
+    (dict(name="bad_dtype", impl=lambda x: x, dtype=["float17"]), ValueError, "'float17' is not a dtype"),
+    (dict(name="not_callable", impl=42), TypeError, "impl must be callable"),
+    (dict(name="add", impl=lambda x: x), ValueError, "clashes with the aten operator aten::add"),
+    (dict(name="bad name", impl=lambda x: x), ValueError, "not a valid operator name"),
+])
+def test_clear_registration_errors(kwargs, error, match):
+    if kwargs["name"] == "dup_op":
+        registry.register(name="dup_op", impl=lambda x: x, priority=5)
+    with pytest.raises(error, match=match):
+        registry.register(**kwargs)
+
+
+def test_jit_trace_script_and_dynamo_see_the_op():
+    registry.register(name="traced_op", impl=lambda x, w: x @ w + 1)
+    x, w = torch.randn(2, 3).npu(), torch.randn(3, 2).npu()
+    traced = torch.jit.trace(lambda a, b: torch.ops.npu.traced_op(a, b), (x, w))
+    assert "npu::traced_op" in str(traced.graph)
+
+    @torch.jit.script
+    def scripted(a, b):
+        return torch.ops.npu.traced_op(a, b)
+
+    torch.testing.assert_close(scripted(x, w).cpu(), (x.cpu() @ w.cpu()) + 1)
+    explained = torch._dynamo.explain(lambda a, b: torch.ops.npu.traced_op(a, b) * 2)(x, w)
+    assert explained.graph_break_count == 0
+
+
+def test_saved_script_loads_in_a_new_process(tmp_path, run_python):
+    module = tmp_path / "my_ops.py"
+    module.write_text(textwrap.dedent("""
+        import torch, torch_npu
+        torch_npu._ops_registry.register(name="saved_op", impl=lambda x: x * 3 + 1)
+
+        class M(torch.nn.Module):
+            def forward(self, x):
+                return torch.ops.npu.saved_op(x)
+    """))
+    saved = tmp_path / "model.pt"
+    run_python(textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {str(tmp_path)!r})
+        import torch, my_ops
+        torch.jit.script(my_ops.M()).save({str(saved)!r})
+    """))
+    proc = run_python(textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {str(tmp_path)!r})
+        import torch, torch_npu, my_ops
+        m = torch.jit.load({str(saved)!r})
+        print(m(torch.ones(2, device="npu")).cpu().tolist())
+    """))
+    assert proc.stdout.strip().splitlines()[-1] == "[4.0, 4.0]"
