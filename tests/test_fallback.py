@@ -623,7 +623,7 @@ def test_registry_backends_and_priorities():
 def test_registry_list_ops_and_summary():
     npu_ops = registry.list_ops("npu")
     assert len(npu_ops) > 500
-    assert all(op.backend == "npu" and op.name.startswith("aten::") for op in npu_ops)
+    assert all(op.backend == "npu" and op.name.startswith(("aten::", "npu::")) for op in npu_ops)
     names = {op.name for op in npu_ops}
     assert {"aten::add.Tensor", "aten::mm", "aten::exp", "aten::cat"} <= names
     cpu_ops = registry.list_ops("cpu")
