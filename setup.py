@@ -18,7 +18,7 @@ setup(
             SOURCES,
             # -g0: no debug info, it doubles compile and link time of ATen-heavy units;
             # C++20 as torch 2.13 itself (csrc/runtime stays plain C++17, see its CMakeLists)
-            extra_compile_args={"cxx": ["-O2", "-g0", "-std=c++20", "-fvisibility=hidden"]},
+            extra_compile_args={"cxx": ["-O2", "-g0", "-std=c++20", "-fvisibility=hidden", "-fopenmp-simd"]},
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},

@@ -38,6 +38,13 @@ from . import _ops_registry  # noqa: E402
 from ._custom_ops import register_npu_op  # noqa: E402
 from . import optim  # noqa: E402
 from ._attention import npu_fusion_attention  # noqa: E402
+from ._fused import (  # noqa: E402
+    npu_add_rms_norm,
+    npu_fused_add_matmul,
+    npu_rms_norm,
+    npu_rotary_mul,
+    npu_swiglu,
+)
 from .fallback import (  # noqa: E402
     FallbackStats,
     NPUFallbackMode,

@@ -1,0 +1,521 @@
+// Fused ops in the npu namespace, with the Ascend adapter's signatures:
+// npu_rms_norm, npu_add_rms_norm, npu_swiglu, npu_rotary_mul (and their
+// backward ops), npu_fused_add_matmul. Each memory-bound kernel is one pass
+// over its rows, parallel over rows with at::parallel_for, computing in float
+// for the 16-bit types, with an inner loop over contiguous memory the compiler
+// vectorises. On npu tensors the kernels run in stream order on host views of
+// npu memory (HostExecution); cpu tensors run them directly. Autograd and the
+// meta (fake) functions are registered from Python (torch_npu/_fused.py).
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ExpandUtils.h>
+#include <c10/core/WrapDimMinimal.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/sum.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "../../core/device.h"
+#include "../host_execution.h"
+
+namespace npu::ops {
+namespace {
+
+#define NPU_FUSED_TYPES(type, name, ...) \
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, type, name, __VA_ARGS__)
+
+// Runs `compute` on host tensors: for npu inputs inside a HostExecution (so the
+// outputs it allocates are npu memory), for cpu inputs directly.
+template <class Compute>
+auto onHost(const char* op, std::initializer_list<std::reference_wrapper<const at::Tensor>> tensors,
+            Compute compute) {
+  const at::Tensor& first = tensors.begin()->get();
+  for (const at::Tensor& t : tensors) {
+    TORCH_CHECK(!t.defined() || t.device() == first.device(), "Expected all tensors to be on the same device, but "
+                "found at least two devices, ", first.device(), " and ", t.device(), "! (npu::", op,
+                "; move them with .to('", first.device(), "'))");
+  }
+  if (first.device().type() != kNPU) return compute([](const at::Tensor& t) { return t.defined() ? t.contiguous() : t; },
+                                                    [](const at::Tensor& t) { return t; });
+  HostExecution exec(first.device());
+  return compute([&](const at::Tensor& t) { return t.defined() ? exec.alias(t).contiguous() : t; },
+                 [&](const at::Tensor& t) { return exec.toNpu(t); });
+}
+
+void checkFloating(const char* op, const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16,
+              "npu::", op, ": ", name, " must be float32, float16 or bfloat16, got ", t.scalar_type());
+}
+
+// ---- vector loops ------------------------------------------------------------------
+// The float32 inner loops, built twice (AVX2+FMA and the baseline) and chosen
+// at load time by the CPU; `omp simd` lets the reductions vectorise without
+// fast-math (their summation order becomes lane-wise).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define NPU_VECTOR_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#else
+#define NPU_VECTOR_CLONES
+#endif
+
+NPU_VECTOR_CLONES float sumOfSquares(const float* x, int64_t n) {
+  float s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < n; ++j) s += x[j] * x[j];
+  return s;
+}
+
+NPU_VECTOR_CLONES void scaleRow(const float* x, const float* g, float inv, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) y[j] = x[j] * inv * g[j];
+}
+
+NPU_VECTOR_CLONES float dotOfThree(const float* a, const float* b, const float* c, int64_t n) {
+  float s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < n; ++j) s += a[j] * b[j] * c[j];
+  return s;
+}
+
+NPU_VECTOR_CLONES void rmsBackwardRow(const float* dy, const float* x, const float* g, float r, float correction,
+                                      float* dx, float* dgamma, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    dx[j] = r * dy[j] * g[j] - x[j] * correction;
+    dgamma[j] += dy[j] * x[j] * r;
+  }
+}
+
+// ---- RMSNorm -----------------------------------------------------------------------
+
+// Rows of x over the last gamma.dim() dimensions.
+int64_t normalizedSize(const char* op, const at::Tensor& x, const at::Tensor& gamma) {
+  checkFloating(op, x, "self");
+  TORCH_CHECK(gamma.scalar_type() == x.scalar_type(), "npu::", op, ": gamma must have self's dtype ",
+              x.scalar_type(), ", got ", gamma.scalar_type());
+  TORCH_CHECK(gamma.dim() >= 1 && gamma.dim() <= x.dim() &&
+                  x.sizes().slice(x.dim() - gamma.dim()) == gamma.sizes(),
+              "npu::", op, ": gamma's shape ", gamma.sizes(), " must match the last dimensions of self ", x.sizes());
+  return gamma.numel();
+}
+
+std::vector<int64_t> rstdShape(const at::Tensor& x, const at::Tensor& gamma) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - gamma.dim());
+  shape.insert(shape.end(), gamma.dim(), 1);
+  return shape;
+}
+
+// y = x * rstd * gamma, rstd = 1 / sqrt(mean(x^2) + eps); with `residual`,
+// x = self + residual first (and returned as x_sum).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsNormImpl(const char* op, const at::Tensor& self,
+                                                           const at::Tensor& residual, const at::Tensor& gamma,
+                                                           double epsilon) {
+  const int64_t n = normalizedSize(op, self, gamma);
+  if (residual.defined()) {
+    TORCH_CHECK(residual.sizes() == self.sizes() && residual.scalar_type() == self.scalar_type(), "npu::", op,
+                ": x2 must have x1's shape and dtype, got ", residual.sizes(), " ", residual.scalar_type());
+  }
+  return onHost(op, {self, residual, gamma}, [&](auto input, auto output) {
+    const at::Tensor x = input(self);
+    const at::Tensor r = input(residual);
+    const at::Tensor g = input(gamma);
+    const int64_t rows = n == 0 ? 0 : x.numel() / n;
+    at::Tensor y = at::empty_like(x);
+    at::Tensor rstd = at::empty(rstdShape(self, gamma), x.options().dtype(at::kFloat));
+    at::Tensor x_sum = r.defined() ? at::empty_like(x) : at::Tensor();
+    NPU_FUSED_TYPES(x.scalar_type(), "npu_fused_op", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      const scalar_t* xp = x.const_data_ptr<scalar_t>();
+      const scalar_t* rp = r.defined() ? r.const_data_ptr<scalar_t>() : nullptr;
+      const scalar_t* gp = g.const_data_ptr<scalar_t>();
+      scalar_t* yp = y.mutable_data_ptr<scalar_t>();
+      scalar_t* sp = x_sum.defined() ? x_sum.mutable_data_ptr<scalar_t>() : nullptr;
+      float* rstd_p = rstd.mutable_data_ptr<float>();
+      at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+        std::vector<acc_t> sum_row(rp != nullptr ? n : 0);
+        for (int64_t row = begin; row < end; ++row) {
+          const scalar_t* xr = xp + row * n;
+          acc_t squares = 0;
+          if (rp != nullptr) {
+            const scalar_t* rr = rp + row * n;
+            scalar_t* out_sum = sp + row * n;
+            for (int64_t j = 0; j < n; ++j) {
+              // x_sum is rounded to the dtype first, as the unfused x1 + x2 is.
+              const scalar_t s = static_cast<scalar_t>(acc_t(xr[j]) + acc_t(rr[j]));
+              out_sum[j] = s;
+              sum_row[j] = acc_t(s);
+              squares += sum_row[j] * sum_row[j];
+            }
+          } else if (std::is_same_v<scalar_t, float>) {
+            squares = sumOfSquares(reinterpret_cast<const float*>(xr), n);
+          } else {
+            for (int64_t j = 0; j < n; ++j) squares += acc_t(xr[j]) * acc_t(xr[j]);
+          }
+          const acc_t inv = acc_t(1) / std::sqrt(squares / acc_t(n) + acc_t(epsilon));
+          rstd_p[row] = static_cast<float>(inv);
+          scalar_t* yr = yp + row * n;
+          if (rp != nullptr) {
+            for (int64_t j = 0; j < n; ++j) yr[j] = static_cast<scalar_t>(sum_row[j] * inv * acc_t(gp[j]));
+          } else if (std::is_same_v<scalar_t, float>) {
+            scaleRow(reinterpret_cast<const float*>(xr), reinterpret_cast<const float*>(gp), inv,
+                     reinterpret_cast<float*>(yr), n);
+          } else {
+            for (int64_t j = 0; j < n; ++j) yr[j] = static_cast<scalar_t>(acc_t(xr[j]) * inv * acc_t(gp[j]));
+          }
+        }
+      });
+    });
+    return std::make_tuple(output(y), output(rstd), output(x_sum));
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> rmsNorm(const at::Tensor& self, const at::Tensor& gamma, double epsilon) {
+  auto [y, rstd, unused] = rmsNormImpl("npu_rms_norm", self, at::Tensor(), gamma, epsilon);
+  return {y, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> addRmsNorm(const at::Tensor& x1, const at::Tensor& x2,
+                                                          const at::Tensor& gamma, double epsilon) {
+  return rmsNormImpl("npu_add_rms_norm", x1, x2, gamma, epsilon);
+}
+
+// dx = rstd * (dy*gamma - x * rstd^2 * mean(dy*gamma*x)); dgamma = sum over rows of dy*x*rstd (float32).
+std::tuple<at::Tensor, at::Tensor> rmsNormBackward(const at::Tensor& dy, const at::Tensor& self,
+                                                   const at::Tensor& gamma, const at::Tensor& rstd) {
+  constexpr const char* op = "npu_rms_norm_backward";
+  const int64_t n = normalizedSize(op, self, gamma);
+  TORCH_CHECK(dy.sizes() == self.sizes() && dy.scalar_type() == self.scalar_type(), "npu::", op,
+              ": dy must have self's shape and dtype");
+  TORCH_CHECK(rstd.scalar_type() == at::kFloat && rstd.numel() * n == self.numel(), "npu::", op,
+              ": rstd must be the float32 result of npu_rms_norm");
+  return onHost(op, {dy, self, gamma, rstd}, [&](auto input, auto output) {
+    const at::Tensor g_out = input(dy);
+    const at::Tensor x = input(self);
+    const at::Tensor g = input(gamma);
+    const at::Tensor inv = input(rstd);
+    const int64_t rows = n == 0 ? 0 : x.numel() / n;
+    at::Tensor dx = at::empty_like(x);
+    at::Tensor dgamma = at::zeros(gamma.sizes(), x.options().dtype(at::kFloat));
+    NPU_FUSED_TYPES(x.scalar_type(), "npu_fused_op", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      const scalar_t* dyp = g_out.const_data_ptr<scalar_t>();
+      const scalar_t* xp = x.const_data_ptr<scalar_t>();
+      const scalar_t* gp = g.const_data_ptr<scalar_t>();
+      const float* ip = inv.const_data_ptr<float>();
+      scalar_t* dxp = dx.mutable_data_ptr<scalar_t>();
+      float* dgp = dgamma.mutable_data_ptr<float>();
+      std::mutex merge;
+      at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> partial(n, 0.0f);
+        for (int64_t row = begin; row < end; ++row) {
+          const scalar_t* dyr = dyp + row * n;
+          const scalar_t* xr = xp + row * n;
+          const acc_t r = ip[row];
+          scalar_t* dxr = dxp + row * n;
+          if (std::is_same_v<scalar_t, float>) {
+            // (the casts only run for float; the branch is compiled for every type)
+            const auto* dyf = reinterpret_cast<const float*>(dyr);
+            const auto* xf = reinterpret_cast<const float*>(xr);
+            const auto* gf = reinterpret_cast<const float*>(gp);
+            const float correction = r * r * r * dotOfThree(dyf, gf, xf, n) / float(n);
+            rmsBackwardRow(dyf, xf, gf, r, correction, reinterpret_cast<float*>(dxr), partial.data(), n);
+            continue;
+          }
+          acc_t dot = 0;
+          for (int64_t j = 0; j < n; ++j) dot += acc_t(dyr[j]) * acc_t(gp[j]) * acc_t(xr[j]);
+          const acc_t correction = r * r * r * dot / acc_t(n);
+          for (int64_t j = 0; j < n; ++j) {
+            dxr[j] = static_cast<scalar_t>(r * acc_t(dyr[j]) * acc_t(gp[j]) - acc_t(xr[j]) * correction);
+            partial[j] += static_cast<float>(acc_t(dyr[j]) * acc_t(xr[j]) * r);
+          }
+        }
+        std::lock_guard<std::mutex> lock(merge);
+        for (int64_t j = 0; j < n; ++j) dgp[j] += partial[j];
+      });
+    });
+    return std::make_tuple(output(dx), output(dgamma));
+  });
+}
+
+// ---- SwiGLU ------------------------------------------------------------------------
+
+template <typename acc_t>
+acc_t sigmoidOf(acc_t a) {
+  return acc_t(1) / (acc_t(1) + std::exp(-a));
+}
+
+// x viewed as [outer, 2 * half, inner]: A = the first half along dim, B the second.
+struct GluShape {
+  int64_t outer = 1, half = 0, inner = 1;
+};
+GluShape gluShape(const char* op, const at::Tensor& x, int64_t dim) {
+  checkFloating(op, x, "self");
+  TORCH_CHECK(x.dim() > 0, "npu::", op, ": self must have at least one dimension");
+  const int64_t d = c10::maybe_wrap_dim(dim, x.dim());
+  TORCH_CHECK(x.size(d) % 2 == 0, "npu::", op, ": dimension ", dim, " of size ", x.size(d),
+              " must be even (it is split into two halves)");
+  GluShape s;
+  for (int64_t i = 0; i < d; ++i) s.outer *= x.size(i);
+  for (int64_t i = d + 1; i < x.dim(); ++i) s.inner *= x.size(i);
+  s.half = x.size(d) / 2;
+  return s;
+}
+
+at::Tensor swiglu(const at::Tensor& self, int64_t dim) {
+  constexpr const char* op = "npu_swiglu";
+  const GluShape s = gluShape(op, self, dim);
+  std::vector<int64_t> out_shape(self.sizes().begin(), self.sizes().end());
+  out_shape[c10::maybe_wrap_dim(dim, self.dim())] = s.half;
+  return onHost(op, {self}, [&](auto input, auto output) {
+    const at::Tensor x = input(self);
+    at::Tensor out = at::empty(out_shape, x.options());
+    NPU_FUSED_TYPES(x.scalar_type(), "npu_fused_op", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      const scalar_t* xp = x.const_data_ptr<scalar_t>();
+      scalar_t* op_ = out.mutable_data_ptr<scalar_t>();
+      const int64_t block = s.half * s.inner;
+      at::parallel_for(0, s.outer, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t o = begin; o < end; ++o) {
+          const scalar_t* a = xp + o * 2 * block;
+          const scalar_t* b = a + block;
+          scalar_t* y = op_ + o * block;
+          for (int64_t k = 0; k < block; ++k) {
+            const acc_t av = a[k];
+            y[k] = static_cast<scalar_t>(av * sigmoidOf(av) * acc_t(b[k]));
+          }
+        }
+      });
+    });
+    return output(out);
+  });
+}
+
+at::Tensor swigluBackward(const at::Tensor& grad, const at::Tensor& self, int64_t dim) {
+  constexpr const char* op = "npu_swiglu_backward";
+  const GluShape s = gluShape(op, self, dim);
+  TORCH_CHECK(grad.numel() * 2 == self.numel() && grad.scalar_type() == self.scalar_type(), "npu::", op,
+              ": grad_output must be shaped like npu_swiglu's result, with self's dtype");
+  return onHost(op, {grad, self}, [&](auto input, auto output) {
+    const at::Tensor g = input(grad);
+    const at::Tensor x = input(self);
+    at::Tensor dx = at::empty_like(x);
+    NPU_FUSED_TYPES(x.scalar_type(), "npu_fused_op", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      const scalar_t* xp = x.const_data_ptr<scalar_t>();
+      const scalar_t* gp = g.const_data_ptr<scalar_t>();
+      scalar_t* dp = dx.mutable_data_ptr<scalar_t>();
+      const int64_t block = s.half * s.inner;
+      at::parallel_for(0, s.outer, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t o = begin; o < end; ++o) {
+          const scalar_t* a = xp + o * 2 * block;
+          const scalar_t* b = a + block;
+          const scalar_t* gr = gp + o * block;
+          scalar_t* da = dp + o * 2 * block;
+          scalar_t* db = da + block;
+          for (int64_t k = 0; k < block; ++k) {
+            const acc_t av = a[k];
+            const acc_t sig = sigmoidOf(av);
+            const acc_t gv = gr[k];
+            da[k] = static_cast<scalar_t>(gv * acc_t(b[k]) * sig * (acc_t(1) + av * (acc_t(1) - sig)));
+            db[k] = static_cast<scalar_t>(gv * av * sig);
+          }
+        }
+      });
+    });
+    return output(dx);
+  });
+}
+
+// ---- rotary embedding --------------------------------------------------------------
+
+enum class RotaryMode { Half, Interleave };
+
+RotaryMode rotaryMode(const std::string& mode) {
+  if (mode == "half") return RotaryMode::Half;
+  if (mode == "interleave") return RotaryMode::Interleave;
+  TORCH_CHECK_VALUE(false, "npu::npu_rotary_mul: rotary_mode must be 'half' or 'interleave', got '", mode, "'");
+}
+
+// Where each row of x (its last dimension) finds its row of r, r broadcast to x.
+struct BroadcastRows {
+  std::vector<int64_t> sizes;    // x's sizes without the last
+  std::vector<int64_t> strides;  // r's expanded strides for them (0 where broadcast)
+  BroadcastRows(const at::Tensor& x, const at::Tensor& r) {
+    const auto expanded = r.expand(x.sizes());
+    sizes.assign(x.sizes().begin(), x.sizes().end() - 1);
+    strides.assign(expanded.strides().begin(), expanded.strides().end() - 1);
+  }
+  int64_t offset(int64_t row) const {
+    int64_t off = 0;
+    for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
+      off += (row % sizes[d]) * strides[d];
+      row /= sizes[d];
+    }
+    return off;
+  }
+};
+
+void checkRotary(const char* op, const at::Tensor& x, const at::Tensor& r1, const at::Tensor& r2) {
+  checkFloating(op, x, "self");
+  for (const at::Tensor* r : {&r1, &r2}) {
+    TORCH_CHECK(r->scalar_type() == x.scalar_type(), "npu::", op, ": r1 and r2 must have self's dtype ",
+                x.scalar_type(), ", got ", r->scalar_type());
+    TORCH_CHECK(r->dim() <= x.dim() && r->size(-1) == x.size(-1) && at::is_expandable_to(r->sizes(), x.sizes()),
+                "npu::", op, ": r1 and r2 must broadcast to self's shape ", x.sizes(), " with the same last "
+                "dimension, got ", r->sizes());
+  }
+  TORCH_CHECK(x.size(-1) % 2 == 0, "npu::", op, ": the last dimension (", x.size(-1), ") must be even");
+}
+
+// The partner of element j in rotate(x) and its sign: rotate(x)[j] = sign * x[partner].
+inline int64_t partner(RotaryMode mode, int64_t j, int64_t half, float* sign) {
+  if (mode == RotaryMode::Half) {
+    *sign = j < half ? -1.0f : 1.0f;
+    return j < half ? j + half : j - half;
+  }
+  *sign = (j % 2 == 0) ? -1.0f : 1.0f;
+  return (j % 2 == 0) ? j + 1 : j - 1;
+}
+
+at::Tensor rotaryMul(const at::Tensor& self, const at::Tensor& r1, const at::Tensor& r2, c10::string_view mode_name,
+                     const std::optional<at::Tensor>& rotate) {
+  constexpr const char* op = "npu_rotary_mul";
+  if (rotate.has_value() && rotate->defined()) {
+    return self.mul(r1).add_(at::matmul(self, *rotate).mul_(r2));  // an explicit rotation matrix: x @ rotate
+  }
+  const RotaryMode mode = rotaryMode(std::string(mode_name));
+  checkRotary(op, self, r1, r2);
+  return onHost(op, {self, r1, r2}, [&](auto input, auto output) {
+    const at::Tensor x = input(self);
+    const at::Tensor c = input(r1);
+    const at::Tensor s = input(r2);
+    at::Tensor out = at::empty_like(x);
+    const int64_t d = x.size(-1);
+    const int64_t rows = d == 0 ? 0 : x.numel() / d;
+    const BroadcastRows c_rows(x, c), s_rows(x, s);
+    NPU_FUSED_TYPES(x.scalar_type(), "npu_fused_op", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      const scalar_t* xp = x.const_data_ptr<scalar_t>();
+      const scalar_t* cp = c.const_data_ptr<scalar_t>();
+      const scalar_t* sp = s.const_data_ptr<scalar_t>();
+      scalar_t* yp = out.mutable_data_ptr<scalar_t>();
+      at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t row = begin; row < end; ++row) {
+          const scalar_t* xr = xp + row * d;
+          const scalar_t* cr = cp + c_rows.offset(row);
+          const scalar_t* sr = sp + s_rows.offset(row);
+          scalar_t* yr = yp + row * d;
+          for (int64_t j = 0; j < d; ++j) {
+            float sign;
+            const int64_t k = partner(mode, j, d / 2, &sign);
+            yr[j] = static_cast<scalar_t>(acc_t(xr[j]) * acc_t(cr[j]) + acc_t(sign) * acc_t(xr[k]) * acc_t(sr[j]));
+          }
+        }
+      });
+    });
+    return output(out);
+  });
+}
+
+// -> (dx, dr1, dr2): dx = g*r1 + rotate^T(g*r2); dr1 = sum_to(g*x), dr2 = sum_to(g*rotate(x)).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rotaryMulBackward(const at::Tensor& grad, const at::Tensor& self,
+                                                                 const at::Tensor& r1, const at::Tensor& r2,
+                                                                 c10::string_view mode_name) {
+  constexpr const char* op = "npu_rotary_mul_backward";
+  const RotaryMode mode = rotaryMode(std::string(mode_name));
+  checkRotary(op, self, r1, r2);
+  TORCH_CHECK(grad.sizes() == self.sizes() && grad.scalar_type() == self.scalar_type(), "npu::", op,
+              ": grad must have self's shape and dtype");
+  return onHost(op, {grad, self, r1, r2}, [&](auto input, auto output) {
+    const at::Tensor g = input(grad);
+    const at::Tensor x = input(self);
+    const at::Tensor c = input(r1);
+    const at::Tensor s = input(r2);
+    const int64_t d = x.size(-1);
+    const int64_t rows = d == 0 ? 0 : x.numel() / d;
+    at::Tensor dx = at::empty_like(x);
+    at::Tensor g_x = at::empty_like(x);    // g * x, summed to r1's shape below
+    at::Tensor g_rot = at::empty_like(x);  // g * rotate(x), summed to r2's shape
+    const BroadcastRows c_rows(x, c), s_rows(x, s);
+    NPU_FUSED_TYPES(x.scalar_type(), "npu_fused_op", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      const scalar_t* gp = g.const_data_ptr<scalar_t>();
+      const scalar_t* xp = x.const_data_ptr<scalar_t>();
+      const scalar_t* cp = c.const_data_ptr<scalar_t>();
+      const scalar_t* sp = s.const_data_ptr<scalar_t>();
+      scalar_t* dxp = dx.mutable_data_ptr<scalar_t>();
+      scalar_t* gxp = g_x.mutable_data_ptr<scalar_t>();
+      scalar_t* grp = g_rot.mutable_data_ptr<scalar_t>();
+      at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t row = begin; row < end; ++row) {
+          const int64_t base = row * d;
+          const scalar_t* cr = cp + c_rows.offset(row);
+          const scalar_t* sr = sp + s_rows.offset(row);
+          for (int64_t j = 0; j < d; ++j) {
+            float sign;
+            const int64_t k = partner(mode, j, d / 2, &sign);
+            const acc_t gj = gp[base + j];
+            // rotate(x)[k] = -sign * x[j]: element j reaches output k through r2[k].
+            dxp[base + j] = static_cast<scalar_t>(gj * acc_t(cr[j]) - acc_t(sign) * acc_t(gp[base + k]) *
+                                                                          acc_t(sr[k]));
+            gxp[base + j] = static_cast<scalar_t>(gj * acc_t(xp[base + j]));
+            grp[base + j] = static_cast<scalar_t>(gj * acc_t(sign) * acc_t(xp[base + k]));
+          }
+        }
+      });
+    });
+    auto reduce_to = [](const at::Tensor& full, const at::Tensor& like) {
+      return full.sizes() == like.sizes() ? full : full.sum_to_size(like.sizes()).contiguous();
+    };
+    return std::make_tuple(output(dx), output(reduce_to(g_x, r1)), output(reduce_to(g_rot, r2)));
+  });
+}
+
+at::Tensor fusedAddMatmul(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(x.dim() >= 1 && w.dim() == 2 && w.size(0) == x.size(-1) && w.size(1) == x.size(-1),
+              "npu::npu_fused_add_matmul: x @ w + x needs a square w of x's last dimension ", x.size(-1),
+              ", got ", w.sizes());
+  return at::matmul(x, w).add_(x);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(npu, m) {
+  m.def("npu_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)");
+  m.def("npu_rms_norm_backward(Tensor dy, Tensor self, Tensor gamma, Tensor rstd) -> (Tensor, Tensor)");
+  m.def("npu_add_rms_norm(Tensor x1, Tensor x2, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor, Tensor)");
+  m.def("npu_swiglu(Tensor self, int dim=-1) -> Tensor");
+  m.def("npu_swiglu_backward(Tensor grad_output, Tensor self, int dim=-1) -> Tensor");
+  m.def("npu_rotary_mul(Tensor self, Tensor r1, Tensor r2, str rotary_mode='half', Tensor? rotate=None) -> Tensor");
+  m.def("npu_rotary_mul_backward(Tensor grad, Tensor self, Tensor r1, Tensor r2, str rotary_mode='half') -> "
+        "(Tensor, Tensor, Tensor)");
+  m.def("npu_fused_add_matmul(Tensor x, Tensor w) -> Tensor");
+  // x @ w + x: one matmul and one in-place add; autograd differentiates through them.
+  m.impl("npu_fused_add_matmul", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(fusedAddMatmul));
+}
+
+#define NPU_FUSED_KERNELS(KEY)                                       \
+  TORCH_LIBRARY_IMPL(npu, KEY, m) {                                  \
+    m.impl("npu_rms_norm", TORCH_FN(rmsNorm));                       \
+    m.impl("npu_rms_norm_backward", TORCH_FN(rmsNormBackward));      \
+    m.impl("npu_add_rms_norm", TORCH_FN(addRmsNorm));                \
+    m.impl("npu_swiglu", TORCH_FN(swiglu));                          \
+    m.impl("npu_swiglu_backward", TORCH_FN(swigluBackward));         \
+    m.impl("npu_rotary_mul", TORCH_FN(rotaryMul));                   \
+    m.impl("npu_rotary_mul_backward", TORCH_FN(rotaryMulBackward));  \
+  }
+NPU_FUSED_KERNELS(PrivateUse1)
+NPU_FUSED_KERNELS(CPU)
+#undef NPU_FUSED_KERNELS
+
+}  // namespace npu::ops
