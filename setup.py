@@ -17,8 +17,11 @@ setup(
             "torch_npu._C",
             SOURCES,
             # -g0: no debug info, it doubles compile and link time of ATen-heavy units;
-            # C++20 as torch 2.13 itself (csrc/runtime stays plain C++17, see its CMakeLists)
-            extra_compile_args={"cxx": ["-O2", "-g0", "-std=c++20", "-fvisibility=hidden", "-fopenmp-simd"]},
+            # C++20 as torch 2.13 itself (csrc/runtime stays plain C++17, see its CMakeLists);
+            # -fopenmp-simd and -fno-trapping-math let the fused kernels' `omp simd` loops
+            # vectorise (reductions, and compares as vector selects; no OpenMP runtime).
+            extra_compile_args={"cxx": ["-O2", "-g0", "-std=c++20", "-fvisibility=hidden", "-fopenmp-simd",
+                                        "-fno-trapping-math"]},
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},

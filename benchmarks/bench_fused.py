@@ -75,7 +75,7 @@ def measure(fn, inputs, backward, iters, repeats):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
-    args = parser.parse_args(argv)
+    args, _ = parser.parse_known_args(argv)  # run_all.py passes every benchmark the same flags
     iters, repeats = (3, 3) if args.quick else (5, 7)
     print("Fused npu ops: composed aten time / fused time (target >= 1.5x; fused_add_matmul >= 1.0x)")
     print(f"  {'op':<18}{'size':>6}{'forward':>10}{'fwd+bwd':>10}")

@@ -19,7 +19,10 @@
 #include <ATen/ops/sum.h>
 #include <torch/library.h>
 
+#include <bit>
 #include <cmath>
+#include <algorithm>
+#include <cstdint>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -59,11 +62,12 @@ void checkFloating(const char* op, const at::Tensor& t, const char* name) {
 }
 
 // ---- vector loops ------------------------------------------------------------------
-// The float32 inner loops, built twice (AVX2+FMA and the baseline) and chosen
+// The float32 inner loops, built twice (AVX2 and the baseline) and chosen
 // at load time by the CPU; `omp simd` lets the reductions vectorise without
-// fast-math (their summation order becomes lane-wise).
+// fast-math (their summation order becomes lane-wise), and -fno-trapping-math
+// (setup.py) lets the exp's clamp become vector selects instead of branches.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define NPU_VECTOR_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define NPU_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define NPU_VECTOR_CLONES
 #endif
@@ -93,6 +97,69 @@ NPU_VECTOR_CLONES void rmsBackwardRow(const float* dy, const float* x, const flo
   for (int64_t j = 0; j < n; ++j) {
     dx[j] = r * dy[j] * g[j] - x[j] * correction;
     dgamma[j] += dy[j] * x[j] * r;
+  }
+}
+
+// exp(x) for float, written so loops around it vectorise (std::exp does not):
+// Cody-Waite range reduction and Cephes' degree-6 polynomial, about 1 ulp.
+inline __attribute__((always_inline)) float vectorExp(float x) {
+  // Comparisons and integer truncation instead of fmin/fmax/floor: those are
+  // library calls (NaN and errno rules) that stop the vectoriser.
+  x = std::max(-87.3f, std::min(x, 88.7f));
+  const float t = x * 1.44269504088896341f + 0.5f;
+  int32_t i = static_cast<int32_t>(t);
+  i -= t < static_cast<float>(i) ? 1 : 0;  // floor
+  const float n = static_cast<float>(i);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const int32_t bits = (i + 127) << 23;
+  return y * __builtin_bit_cast(float, bits);
+}
+
+NPU_VECTOR_CLONES void addRows(const float* a, const float* b, float* out, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) out[j] = a[j] + b[j];
+}
+
+NPU_VECTOR_CLONES void swigluRow(const float* a, const float* b, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t k = 0; k < n; ++k) y[k] = a[k] / (1.0f + vectorExp(-a[k])) * b[k];
+}
+
+NPU_VECTOR_CLONES void swigluBackwardRow(const float* a, const float* b, const float* g, float* da, float* db,
+                                         int64_t n) {
+#pragma omp simd
+  for (int64_t k = 0; k < n; ++k) {
+    const float sig = 1.0f / (1.0f + vectorExp(-a[k]));
+    da[k] = g[k] * b[k] * sig * (1.0f + a[k] * (1.0f - sig));
+    db[k] = g[k] * a[k] * sig;
+  }
+}
+
+// rotary_mode "half": y = x*c + cat(-x2, x1)*s, one row of d = 2h elements.
+NPU_VECTOR_CLONES void rotaryHalfRow(const float* x, const float* c, const float* s, float* y, int64_t h) {
+#pragma omp simd
+  for (int64_t j = 0; j < h; ++j) y[j] = x[j] * c[j] - x[j + h] * s[j];
+#pragma omp simd
+  for (int64_t j = 0; j < h; ++j) y[j + h] = x[j + h] * c[j + h] + x[j] * s[j + h];
+}
+
+NPU_VECTOR_CLONES void rotaryHalfBackwardRow(const float* g, const float* x, const float* c, const float* s,
+                                             float* dx, float* gx, float* grot, int64_t h) {
+#pragma omp simd
+  for (int64_t j = 0; j < h; ++j) {
+    dx[j] = g[j] * c[j] + g[j + h] * s[j + h];
+    dx[j + h] = g[j + h] * c[j + h] - g[j] * s[j];
+    gx[j] = g[j] * x[j];
+    gx[j + h] = g[j + h] * x[j + h];
+    grot[j] = -g[j] * x[j + h];
+    grot[j + h] = g[j + h] * x[j];
   }
 }
 
@@ -142,11 +209,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsNormImpl(const char* op, const
       scalar_t* sp = x_sum.defined() ? x_sum.mutable_data_ptr<scalar_t>() : nullptr;
       float* rstd_p = rstd.mutable_data_ptr<float>();
       at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-        std::vector<acc_t> sum_row(rp != nullptr ? n : 0);
+        std::vector<acc_t> sum_row(rp != nullptr && !std::is_same_v<scalar_t, float> ? n : 0);
         for (int64_t row = begin; row < end; ++row) {
           const scalar_t* xr = xp + row * n;
           acc_t squares = 0;
-          if (rp != nullptr) {
+          if (rp != nullptr && std::is_same_v<scalar_t, float>) {
+            // (the casts only run for float; the branch is compiled for every type)
+            auto* out_sum = reinterpret_cast<float*>(sp + row * n);
+            addRows(reinterpret_cast<const float*>(xr), reinterpret_cast<const float*>(rp + row * n), out_sum, n);
+            squares = sumOfSquares(out_sum, n);
+          } else if (rp != nullptr) {
             const scalar_t* rr = rp + row * n;
             scalar_t* out_sum = sp + row * n;
             for (int64_t j = 0; j < n; ++j) {
@@ -164,7 +236,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsNormImpl(const char* op, const
           const acc_t inv = acc_t(1) / std::sqrt(squares / acc_t(n) + acc_t(epsilon));
           rstd_p[row] = static_cast<float>(inv);
           scalar_t* yr = yp + row * n;
-          if (rp != nullptr) {
+          if (rp != nullptr && std::is_same_v<scalar_t, float>) {
+            scaleRow(reinterpret_cast<const float*>(sp + row * n), reinterpret_cast<const float*>(gp), inv,
+                     reinterpret_cast<float*>(yr), n);
+          } else if (rp != nullptr) {
             for (int64_t j = 0; j < n; ++j) yr[j] = static_cast<scalar_t>(sum_row[j] * inv * acc_t(gp[j]));
           } else if (std::is_same_v<scalar_t, float>) {
             scaleRow(reinterpret_cast<const float*>(xr), reinterpret_cast<const float*>(gp), inv,
@@ -289,6 +364,11 @@ at::Tensor swiglu(const at::Tensor& self, int64_t dim) {
           const scalar_t* a = xp + o * 2 * block;
           const scalar_t* b = a + block;
           scalar_t* y = op_ + o * block;
+          if (std::is_same_v<scalar_t, float>) {
+            swigluRow(reinterpret_cast<const float*>(a), reinterpret_cast<const float*>(b),
+                      reinterpret_cast<float*>(y), block);
+            continue;
+          }
           for (int64_t k = 0; k < block; ++k) {
             const acc_t av = a[k];
             y[k] = static_cast<scalar_t>(av * sigmoidOf(av) * acc_t(b[k]));
@@ -322,6 +402,12 @@ at::Tensor swigluBackward(const at::Tensor& grad, const at::Tensor& self, int64_
           const scalar_t* gr = gp + o * block;
           scalar_t* da = dp + o * 2 * block;
           scalar_t* db = da + block;
+          if (std::is_same_v<scalar_t, float>) {
+            swigluBackwardRow(reinterpret_cast<const float*>(a), reinterpret_cast<const float*>(b),
+                              reinterpret_cast<const float*>(gr), reinterpret_cast<float*>(da),
+                              reinterpret_cast<float*>(db), block);
+            continue;
+          }
           for (int64_t k = 0; k < block; ++k) {
             const acc_t av = a[k];
             const acc_t sig = sigmoidOf(av);
@@ -415,6 +501,11 @@ at::Tensor rotaryMul(const at::Tensor& self, const at::Tensor& r1, const at::Ten
           const scalar_t* cr = cp + c_rows.offset(row);
           const scalar_t* sr = sp + s_rows.offset(row);
           scalar_t* yr = yp + row * d;
+          if (mode == RotaryMode::Half && std::is_same_v<scalar_t, float>) {
+            rotaryHalfRow(reinterpret_cast<const float*>(xr), reinterpret_cast<const float*>(cr),
+                          reinterpret_cast<const float*>(sr), reinterpret_cast<float*>(yr), d / 2);
+            continue;
+          }
           for (int64_t j = 0; j < d; ++j) {
             float sign;
             const int64_t k = partner(mode, j, d / 2, &sign);
@@ -461,6 +552,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rotaryMulBackward(const at::Tenso
           const int64_t base = row * d;
           const scalar_t* cr = cp + c_rows.offset(row);
           const scalar_t* sr = sp + s_rows.offset(row);
+          if (mode == RotaryMode::Half && std::is_same_v<scalar_t, float>) {
+            rotaryHalfBackwardRow(reinterpret_cast<const float*>(gp + base), reinterpret_cast<const float*>(xp + base),
+                                  reinterpret_cast<const float*>(cr), reinterpret_cast<const float*>(sr),
+                                  reinterpret_cast<float*>(dxp + base), reinterpret_cast<float*>(gxp + base),
+                                  reinterpret_cast<float*>(grp + base), d / 2);
+            continue;
+          }
           for (int64_t j = 0; j < d; ++j) {
             float sign;
             const int64_t k = partner(mode, j, d / 2, &sign);
