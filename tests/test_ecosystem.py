@@ -156,3 +156,22 @@ def test_transformers_llama_npu_attention_path_matches_cpu():
     from transformers.integrations import npu_flash_attention
 
     npu_flash_attention.ATTN_MASK_NPU_CACHE.clear()
+
+
+def test_accelerate_picks_the_npu():
+    accelerate = pytest.importorskip("accelerate")
+    accelerator = accelerate.Accelerator(cpu=False)
+    assert accelerator.device.type == "npu"
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    reference = copy.deepcopy(model)
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x = torch.randn(3, 4)
+    accelerator.backward(model(x.to(accelerator.device)).square().sum())
+    optimizer.step()
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    reference(x).square().sum().backward()
+    ref_opt.step()
+    for p, q in zip(reference.parameters(), model.parameters()):
+        assert q.device.type == "npu"
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), **TOL)
