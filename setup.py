@@ -18,10 +18,12 @@ setup(
             SOURCES,
             # -g0: no debug info, it doubles compile and link time of ATen-heavy units;
             # C++20 as torch 2.13 itself (csrc/runtime stays plain C++17, see its CMakeLists);
-            # -fopenmp-simd and -fno-trapping-math let the fused kernels' `omp simd` loops
-            # vectorise (reductions, and compares as vector selects; no OpenMP runtime).
-            extra_compile_args={"cxx": ["-O2", "-g0", "-std=c++20", "-fvisibility=hidden", "-fopenmp-simd",
+            # -fopenmp: at::parallel_for is inline and runs serially without it (torch's
+            # wheel ships the libgomp.so.1 our module then shares); -fno-trapping-math lets
+            # the fused kernels' `omp simd` loops vectorise compares as vector selects.
+            extra_compile_args={"cxx": ["-O2", "-g0", "-std=c++20", "-fvisibility=hidden", "-fopenmp",
                                         "-fno-trapping-math"]},
+            extra_link_args=["-fopenmp"],
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},

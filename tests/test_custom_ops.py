@@ -168,3 +168,39 @@ def test_saved_script_loads_in_a_new_process(tmp_path, run_python):
         print(m(torch.ones(2, device="npu")).cpu().tolist())
     """))
     assert proc.stdout.strip().splitlines()[-1] == "[4.0, 4.0]"
+
+
+def test_schema_defaults_reach_the_impl_and_backward():
+    # The dispatcher drops trailing arguments equal to their default; the op fills them back in.
+    registry.register(name="default_filled", impl=lambda x, alpha: x * alpha,
+                      schema="(Tensor x, float alpha=3.0) -> Tensor")
+    assert torch.ops.npu.default_filled(torch.ones(2, device="npu")).cpu().tolist() == [3.0, 3.0]
+
+    def backward(grad, x, alpha, *, scale=1.0):
+        return grad * alpha, None
+
+    registry.register(name="kw_backward", impl=lambda x, alpha, *, scale=2.0: x * alpha * scale,
+                      schema="(Tensor x, float alpha=1.5, *, float scale=2.0) -> Tensor", backward=backward)
+    x = torch.ones(2, device="npu", requires_grad=True)
+    out = torch.ops.npu.kw_backward(x, scale=4.0)
+    assert out.detach().cpu().tolist() == [6.0, 6.0]
+    out.sum().backward()
+    assert x.grad.cpu().tolist() == [1.5, 1.5]
+
+
+def test_unannotated_defaults_take_their_type():
+    registry.register(name="eps_default", impl=lambda x, eps=1e-6, times=2: x * times + eps)
+    assert "float eps=" in str(torch.ops.npu.eps_default.default._schema) and "int times=2" in str(
+        torch.ops.npu.eps_default.default._schema)
+    assert torch.ops.npu.eps_default(torch.zeros(1, device="npu")).item() == pytest.approx(1e-6)
+    assert torch.ops.npu.eps_default(torch.ones(1, device="npu"), 0.0, 3).item() == 3.0
+
+
+def test_explicit_backward_sees_inplace_changes():
+    registry.register(name="saved_inputs", impl=lambda x: x * 2, backward=lambda g, x: g * x)
+    x = torch.ones(2, device="npu", requires_grad=True)
+    y = x.clone()
+    out = torch.ops.npu.saved_inputs(y)
+    y.add_(1)  # modifies a saved input: autograd must refuse, not compute with the new values
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()

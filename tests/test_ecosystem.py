@@ -175,3 +175,15 @@ def test_accelerate_picks_the_npu():
     for p, q in zip(reference.parameters(), model.parameters()):
         assert q.device.type == "npu"
         torch.testing.assert_close(q.detach().cpu(), p.detach(), **TOL)
+
+
+def test_fusion_attention_pse_gradient():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
+    pse = torch.randn(1, 2, 4, 4, requires_grad=True)
+    pse_npu = pse.detach().npu().requires_grad_()
+    out = torch_npu.npu_fusion_attention(q.npu(), k.npu(), v.npu(), 2, "BNSD", pse=pse_npu, scale=0.5)[0]
+    expected = reference_attention(q, k, v, scale=0.5, pse=pse)
+    out.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close(pse_npu.grad.cpu(), pse.grad, **TOL)

@@ -125,3 +125,32 @@ def test_fused_ops_pass_opcheck():
         result = torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor",
                                                              "test_autograd_registration"))
         assert set(result.values()) == {"SUCCESS"}, (op, result)
+
+
+def test_non_contiguous_inputs_and_fake_strides():
+    q = torch.randn(2, 8, 4, 16).npu().transpose(1, 2)  # as HF models pass q.transpose(1, 2)
+    y = torch_npu.npu_rotary_mul(q, torch.randn(16).npu(), torch.randn(16).npu())
+    assert y.is_contiguous()
+    for op, args in ((torch.ops.npu.npu_rotary_mul.default, (q, torch.randn(16).npu(), torch.randn(16).npu(), "half")),
+                     (torch.ops.npu.npu_rms_norm.default, (q, torch.randn(16).npu(), 1e-6)),
+                     (torch.ops.npu.npu_swiglu.default, (q, -1))):
+        result = torch.library.opcheck(op, args, test_utils=("test_faketensor",))
+        assert set(result.values()) == {"SUCCESS"}, (op, result)
+
+
+def test_rotary_with_explicit_rotate_matrix_is_differentiable():
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 8, requires_grad=True)
+    r1, r2, rotate = torch.randn(8), torch.randn(8), torch.randn(8, 8)
+    xn = x.detach().npu().requires_grad_()
+    out = torch_npu.npu_rotary_mul(xn, r1.npu(), r2.npu(), rotate=rotate.npu())
+    expected = x * r1 + (x @ rotate) * r2
+    out.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close(out.detach().cpu(), expected.detach())
+    torch.testing.assert_close(xn.grad.cpu(), x.grad)
+
+
+def test_swiglu_extreme_inputs():
+    x = torch.tensor([[-200.0, -90.0, 0.0, 90.0, 1.0, 2.0, 3.0, 4.0]])
+    torch.testing.assert_close(torch_npu.npu_swiglu(x.npu()).cpu(), F.silu(x[:, :4]) * x[:, 4:])

@@ -28,10 +28,10 @@ def _to_bnsd(t: torch.Tensor, layout: str, heads: Optional[int]) -> torch.Tensor
         return t.transpose(1, 2)
     if layout == "BSH":
         b, s, h = t.shape
-        return t.view(b, s, heads, h // heads).transpose(1, 2)
+        return t.reshape(b, s, heads, h // heads).transpose(1, 2)
     if layout == "SBH":
         s, b, h = t.shape
-        return t.view(s, b, heads, h // heads).permute(1, 2, 0, 3)
+        return t.reshape(s, b, heads, h // heads).permute(1, 2, 0, 3)
     raise AssertionError(layout)
 
 
@@ -53,7 +53,7 @@ def _keep_mask(sq: int, skv: int, atten_mask, sparse_mode: int, pre: int, nxt: i
         diagonal = 0 if sparse_mode == 2 else skv - sq
         return torch.ones(sq, skv, dtype=torch.bool, device=device).tril(diagonal)
     keep = None if atten_mask is None else ~atten_mask.to(torch.bool)
-    if pre < _NO_BAND or nxt < _NO_BAND:
+    if sparse_mode == 0 and (pre < _NO_BAND or nxt < _NO_BAND):  # the band applies in mode 0 only
         rows = torch.arange(sq, device=device).unsqueeze(1)
         cols = torch.arange(skv, device=device).unsqueeze(0)
         band = (cols >= rows - pre) & (cols <= rows + nxt)
@@ -74,10 +74,11 @@ def _attend(q, k, v, keep, pse, scale: float, keep_prob: float):
         bias = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill(~keep, float("-inf"))
     if pse is not None:
         bias = pse.to(q.dtype) if bias is None else bias + pse.to(q.dtype)
-    if keep_prob >= 1.0:
+    if keep_prob >= 1.0 and not (pse is not None and pse.requires_grad):
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=bias, scale=scale)
-    # Dropout: the unfused path (the flash kernel has none); the statistics from the scores.
+    # Dropout, or a pse to differentiate: the unfused path (the flash kernel has neither);
+    # the statistics from the scores.
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=1.0 - keep_prob,
                                                            scale=scale)
     with torch.no_grad():
@@ -124,6 +125,9 @@ def npu_fusion_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         raise ValueError("npu_fusion_attention: padding_mask and prefix are reserved (unused) arguments; pass None")
 
     if input_layout == "TND":
+        if pse is not None or (atten_mask is not None and sparse_mode not in (2, 3)):
+            raise ValueError("npu_fusion_attention: layout 'TND' supports the causal sparse modes 2 and 3 "
+                             "(or no mask) on this device, without pse")
         if actual_seq_qlen is None or actual_seq_kvlen is None:
             raise ValueError("npu_fusion_attention: layout 'TND' needs actual_seq_qlen and actual_seq_kvlen "
                              "(the cumulative end of each sequence)")

@@ -57,6 +57,20 @@ class CustomOp:
     schema: str                    # "(Tensor x, Tensor w) -> Tensor"
     implementations: List[Implementation]
 
+    def __post_init__(self):
+        self.parsed = torch._C.parse_schema(f"{NAMESPACE}::{self.name}{self.schema}")
+
+    def complete(self, args, kwargs):
+        """The call's arguments with the defaults the dispatcher leaves out filled in."""
+        args, kwargs = list(args), dict(kwargs)
+        for index, argument in enumerate(self.parsed.arguments):
+            if argument.kwarg_only:
+                if argument.name not in kwargs and argument.default_value is not None:
+                    kwargs[argument.name] = argument.default_value
+            elif index >= len(args) and argument.name not in kwargs and argument.default_value is not None:
+                args.append(argument.default_value)
+        return tuple(args), kwargs
+
     @property
     def qualified_name(self) -> str:
         return f"{NAMESPACE}::{self.name}"
@@ -120,8 +134,15 @@ def _schema_of(name: str, impl: Callable, schema: Optional[str]) -> str:
     annotated = any(p.annotation is not p.empty for p in params) or signature.return_annotation is not signature.empty
     if annotated:
         return torch.library.infer_schema(impl, mutates_args=())
-    # An unannotated callable (lambda x, w: ...): Tensors in, a Tensor out.
-    return "(" + ", ".join(f"Tensor {p.name}" for p in params) + ") -> Tensor"
+    # An unannotated callable (lambda x, w: ...): Tensors in, a Tensor out; a
+    # parameter with a number or bool default takes that default's type.
+    def declare(p):
+        for kind, name in ((bool, "bool"), (int, "int"), (float, "float")):
+            if p.default is not p.empty and type(p.default) is kind:
+                return f"{name} {p.name}={p.default!r}"
+        return f"Tensor {p.name}"
+
+    return "(" + ", ".join(declare(p) for p in params) + ") -> Tensor"
 
 
 # ---- the one kernel of each op ----------------------------------------------------
@@ -148,20 +169,23 @@ def _register_hint(op: CustomOp, device: str) -> str:
             f"torch_npu._ops_registry.register(name='{op.name}', impl=..., device='{device}', dtype=[...]).")
 
 
-def _with_backward(chosen: Implementation, args):
-    """Runs chosen.impl with chosen.backward as its derivative."""
+def _with_backward(chosen: Implementation, args, kwargs):
+    """Runs chosen.impl with chosen.backward as its derivative (gradients for the positional inputs)."""
     class _Op(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *inputs):
+            # Saved, so an in-place change of an input before backward raises, as autograd does.
             ctx.save_for_backward(*[a for a in inputs if isinstance(a, torch.Tensor)])
-            ctx.inputs = inputs
+            ctx.is_tensor = [isinstance(a, torch.Tensor) for a in inputs]
+            ctx.others = [a for a in inputs if not isinstance(a, torch.Tensor)]
             with torch.no_grad():
-                return chosen.impl(*inputs)
+                return chosen.impl(*inputs, **kwargs)
 
         @staticmethod
         def backward(ctx, *grads):
-            grads = grads[0] if len(grads) == 1 else grads
-            result = chosen.backward(grads, *ctx.inputs)
+            tensors, others = iter(ctx.saved_tensors), iter(ctx.others)
+            inputs = [next(tensors) if is_tensor else next(others) for is_tensor in ctx.is_tensor]
+            result = chosen.backward(grads[0] if len(grads) == 1 else grads, *inputs)
             return tuple(result) if isinstance(result, (tuple, list)) else (result,)
 
     return _Op.apply(*args)
@@ -169,9 +193,7 @@ def _with_backward(chosen: Implementation, args):
 
 def _run(chosen: Implementation, args, kwargs):
     if chosen.backward is not None:
-        if kwargs:
-            raise TypeError("register_npu_op: pass the arguments of an op with backward= positionally")
-        return _with_backward(chosen, args)
+        return _with_backward(chosen, args, kwargs)
     return chosen.impl(*args, **kwargs)
 
 
@@ -206,6 +228,7 @@ def _run_on_cpu(op: CustomOp, chosen: Implementation, args, kwargs, target: torc
 
 def _kernel_for(op: CustomOp):
     def kernel(*args, **kwargs):
+        args, kwargs = op.complete(args, kwargs)
         tensors = _tensors((args, kwargs))
         on_npu = [t for t in tensors if t.device.type == "npu"]
         device = "npu" if on_npu else "cpu"
@@ -247,9 +270,10 @@ def register(name: str, impl: Callable, priority: int = DEFAULT_PRIORITY, device
     ``dtype``: the floating dtypes it accepts (names or torch dtypes; None:
     all); integer and bool inputs always pass. ``schema``: e.g. "(Tensor x,
     float eps=1e-6) -> Tensor"; else from the annotations; else every
-    parameter is a Tensor and the result a Tensor. ``backward``: optional
-    ``backward(grad_output, *inputs) -> grads`` (one per input, None for
-    non-tensors); without it autograd differentiates through ``impl``.
+    parameter is a Tensor (a number or bool default gives its type) and the
+    result a Tensor. ``backward``: optional ``backward(grad_output, *inputs) ->
+    grads``, one per positional input (None for non-tensors); without it
+    autograd differentiates through ``impl``.
     Returns the operator (``torch.ops.npu.<name>``).
     """
     if not callable(impl):
@@ -278,7 +302,8 @@ def register(name: str, impl: Callable, priority: int = DEFAULT_PRIORITY, device
             _library.define(name + op_schema)
             _library.impl(name, _kernel_for(op), "CompositeImplicitAutograd")
             _ops[name] = op
-        elif schema is not None and _schema_of(name, impl, schema) != op.schema:
+        elif schema is not None and str(torch._C.parse_schema(name + _schema_of(name, impl, schema))) != str(
+                torch._C.parse_schema(name + op.schema)):
             raise ValueError(f"register_npu_op('{name}'): schema {schema!r} differs from the registered "
                              f"{op.schema!r}; all implementations of one op share its schema")
         for existing in op.implementations:

@@ -20,17 +20,18 @@ def _rstd_shape(x, gamma):
 
 @torch.library.register_fake("npu::npu_rms_norm")
 def _rms_norm_fake(x, gamma, epsilon=1e-6):
-    return torch.empty_like(x), x.new_empty(_rstd_shape(x, gamma), dtype=torch.float32)
+    # The kernels compute on contiguous copies: their results are contiguous.
+    return x.new_empty(x.shape), x.new_empty(_rstd_shape(x, gamma), dtype=torch.float32)
 
 
 @torch.library.register_fake("npu::npu_rms_norm_backward")
 def _rms_norm_backward_fake(dy, x, gamma, rstd):
-    return torch.empty_like(x), gamma.new_empty(gamma.shape, dtype=torch.float32)
+    return x.new_empty(x.shape), gamma.new_empty(gamma.shape, dtype=torch.float32)
 
 
 @torch.library.register_fake("npu::npu_add_rms_norm")
 def _add_rms_norm_fake(x1, x2, gamma, epsilon=1e-6):
-    return torch.empty_like(x1), x1.new_empty(_rstd_shape(x1, gamma), dtype=torch.float32), torch.empty_like(x1)
+    return x1.new_empty(x1.shape), x1.new_empty(_rstd_shape(x1, gamma), dtype=torch.float32), x1.new_empty(x1.shape)
 
 
 @torch.library.register_fake("npu::npu_swiglu")
@@ -42,17 +43,17 @@ def _swiglu_fake(x, dim=-1):
 
 @torch.library.register_fake("npu::npu_swiglu_backward")
 def _swiglu_backward_fake(grad, x, dim=-1):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 @torch.library.register_fake("npu::npu_rotary_mul")
 def _rotary_fake(x, r1, r2, rotary_mode="half", rotate=None):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 @torch.library.register_fake("npu::npu_rotary_mul_backward")
 def _rotary_backward_fake(grad, x, r1, r2, rotary_mode="half"):
-    return torch.empty_like(x), torch.empty_like(r1), torch.empty_like(r2)
+    return x.new_empty(x.shape), r1.new_empty(r1.shape), r2.new_empty(r2.shape)
 
 
 # ---- derivatives ------------------------------------------------------------------------
@@ -103,14 +104,15 @@ torch.library.register_autograd("npu::npu_swiglu", _swiglu_backward, setup_conte
 
 def _rotary_setup(ctx, inputs, output):
     x, r1, r2, mode, rotate = inputs
-    if rotate is not None:
-        raise NotImplementedError("npu_rotary_mul: the backward with an explicit rotate matrix is not supported; "
-                                  "use rotary_mode='half' or 'interleave'")
     ctx.save_for_backward(x, r1, r2)
     ctx.mode = mode
+    ctx.explicit_rotate = rotate is not None
 
 
 def _rotary_backward(ctx, grad):
+    if ctx.explicit_rotate:  # torch_npu.npu_rotary_mul composes that case, so only a direct op call gets here
+        raise NotImplementedError("torch.ops.npu.npu_rotary_mul: no backward with an explicit rotate matrix; "
+                                  "call torch_npu.npu_rotary_mul, which composes it differentiably")
     x, r1, r2 = ctx.saved_tensors
     dx, dr1, dr2 = _ops.npu_rotary_mul_backward(grad.contiguous(), x, r1, r2, ctx.mode)
     return dx, dr1, dr2, None, None
@@ -137,8 +139,11 @@ def npu_swiglu(x, dim=-1):
 
 
 def npu_rotary_mul(x, r1, r2, rotary_mode="half", rotate=None):
-    """Rotary embedding ``x * r1 + rotate(x) * r2`` (``rotary_mode`` "half" or "interleave")."""
-    return _ops.npu_rotary_mul(x, r1, r2, rotary_mode, rotate)
+    """Rotary embedding ``x * r1 + rotate(x) * r2`` (``rotary_mode`` "half" or "interleave"; with
+    ``rotate`` given, ``rotate(x) = x @ rotate``, composed, so autograd differentiates it)."""
+    if rotate is not None:
+        return x * r1 + (x @ rotate) * r2
+    return _ops.npu_rotary_mul(x, r1, r2, rotary_mode)
 
 
 def npu_fused_add_matmul(x, w):

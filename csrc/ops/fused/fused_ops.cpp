@@ -105,7 +105,7 @@ NPU_VECTOR_CLONES void rmsBackwardRow(const float* dy, const float* x, const flo
 inline __attribute__((always_inline)) float vectorExp(float x) {
   // Comparisons and integer truncation instead of fmin/fmax/floor: those are
   // library calls (NaN and errno rules) that stop the vectoriser.
-  x = std::max(-87.3f, std::min(x, 88.7f));
+  x = std::max(-87.3f, std::min(x, 88.37f));  // above ln(FLT_MAX) the exponent would overflow
   const float t = x * 1.44269504088896341f + 0.5f;
   int32_t i = static_cast<int32_t>(t);
   i -= t < static_cast<float>(i) ? 1 : 0;  // floor
@@ -289,7 +289,9 @@ std::tuple<at::Tensor, at::Tensor> rmsNormBackward(const at::Tensor& dy, const a
       const float* ip = inv.const_data_ptr<float>();
       scalar_t* dxp = dx.mutable_data_ptr<scalar_t>();
       float* dgp = dgamma.mutable_data_ptr<float>();
+      // Each chunk's dgamma, summed in row order afterwards: the same result on every run.
       std::mutex merge;
+      std::vector<std::pair<int64_t, std::vector<float>>> partials;
       at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
         std::vector<float> partial(n, 0.0f);
         for (int64_t row = begin; row < end; ++row) {
@@ -315,8 +317,12 @@ std::tuple<at::Tensor, at::Tensor> rmsNormBackward(const at::Tensor& dy, const a
           }
         }
         std::lock_guard<std::mutex> lock(merge);
-        for (int64_t j = 0; j < n; ++j) dgp[j] += partial[j];
+        partials.emplace_back(begin, std::move(partial));
       });
+      std::sort(partials.begin(), partials.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (const auto& [begin, partial] : partials) {
+        for (int64_t j = 0; j < n; ++j) dgp[j] += partial[j];
+      }
     });
     return std::make_tuple(output(dx), output(dgamma));
   });
