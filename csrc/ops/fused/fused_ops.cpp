@@ -150,16 +150,18 @@ NPU_VECTOR_CLONES void rotaryHalfRow(const float* x, const float* c, const float
   for (int64_t j = 0; j < h; ++j) y[j + h] = x[j + h] * c[j + h] + x[j] * s[j + h];
 }
 
+// dx for one row, and the row's terms of dr1 (g*x) and dr2 (g*rotate(x)) added
+// into `dc` and `ds` (the r1/r2 rows this x row was multiplied with).
 NPU_VECTOR_CLONES void rotaryHalfBackwardRow(const float* g, const float* x, const float* c, const float* s,
-                                             float* dx, float* gx, float* grot, int64_t h) {
+                                             float* dx, float* dc, float* ds, int64_t h) {
 #pragma omp simd
   for (int64_t j = 0; j < h; ++j) {
     dx[j] = g[j] * c[j] + g[j + h] * s[j + h];
     dx[j + h] = g[j + h] * c[j + h] - g[j] * s[j];
-    gx[j] = g[j] * x[j];
-    gx[j + h] = g[j + h] * x[j + h];
-    grot[j] = -g[j] * x[j + h];
-    grot[j + h] = g[j + h] * x[j];
+    dc[j] += g[j] * x[j];
+    dc[j + h] += g[j + h] * x[j + h];
+    ds[j] -= g[j] * x[j + h];
+    ds[j + h] += g[j + h] * x[j];
   }
 }
 
@@ -541,9 +543,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rotaryMulBackward(const at::Tenso
     const int64_t d = x.size(-1);
     const int64_t rows = d == 0 ? 0 : x.numel() / d;
     at::Tensor dx = at::empty_like(x);
-    at::Tensor g_x = at::empty_like(x);    // g * x, summed to r1's shape below
-    at::Tensor g_rot = at::empty_like(x);  // g * rotate(x), summed to r2's shape
     const BroadcastRows c_rows(x, c), s_rows(x, s);
+    // dr1 and dr2 accumulate in float over the rows that share an r row: in
+    // per-chunk partials (summed in chunk order afterwards, so every run gives
+    // the same result), or straight into one buffer when no row is shared.
+    const bool shared = c.numel() != x.numel() || s.numel() != x.numel();
+    struct Partial {
+      int64_t begin;
+      std::vector<float> dc, ds;
+    };
+    std::mutex merge;
+    std::vector<Partial> partials;
+    std::vector<float> direct_c(shared ? 0 : c.numel(), 0.0f), direct_s(shared ? 0 : s.numel(), 0.0f);
     NPU_FUSED_TYPES(x.scalar_type(), "npu_fused_op", [&] {
       using acc_t = at::opmath_type<scalar_t>;
       const scalar_t* gp = g.const_data_ptr<scalar_t>();
@@ -551,18 +562,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rotaryMulBackward(const at::Tenso
       const scalar_t* cp = c.const_data_ptr<scalar_t>();
       const scalar_t* sp = s.const_data_ptr<scalar_t>();
       scalar_t* dxp = dx.mutable_data_ptr<scalar_t>();
-      scalar_t* gxp = g_x.mutable_data_ptr<scalar_t>();
-      scalar_t* grp = g_rot.mutable_data_ptr<scalar_t>();
       at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+        Partial partial{begin, std::vector<float>(shared ? c.numel() : 0, 0.0f),
+                        std::vector<float>(shared ? s.numel() : 0, 0.0f)};
+        float* dcp = shared ? partial.dc.data() : direct_c.data();
+        float* dsp = shared ? partial.ds.data() : direct_s.data();
         for (int64_t row = begin; row < end; ++row) {
           const int64_t base = row * d;
-          const scalar_t* cr = cp + c_rows.offset(row);
-          const scalar_t* sr = sp + s_rows.offset(row);
+          const int64_t c_off = c_rows.offset(row), s_off = s_rows.offset(row);
           if (mode == RotaryMode::Half && std::is_same_v<scalar_t, float>) {
+            // (the casts only run for float; the branch is compiled for every type)
             rotaryHalfBackwardRow(reinterpret_cast<const float*>(gp + base), reinterpret_cast<const float*>(xp + base),
-                                  reinterpret_cast<const float*>(cr), reinterpret_cast<const float*>(sr),
-                                  reinterpret_cast<float*>(dxp + base), reinterpret_cast<float*>(gxp + base),
-                                  reinterpret_cast<float*>(grp + base), d / 2);
+                                  reinterpret_cast<const float*>(cp + c_off), reinterpret_cast<const float*>(sp + s_off),
+                                  reinterpret_cast<float*>(dxp + base), dcp + c_off, dsp + s_off, d / 2);
             continue;
           }
           for (int64_t j = 0; j < d; ++j) {
@@ -570,18 +582,35 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rotaryMulBackward(const at::Tenso
             const int64_t k = partner(mode, j, d / 2, &sign);
             const acc_t gj = gp[base + j];
             // rotate(x)[k] = -sign * x[j]: element j reaches output k through r2[k].
-            dxp[base + j] = static_cast<scalar_t>(gj * acc_t(cr[j]) - acc_t(sign) * acc_t(gp[base + k]) *
-                                                                          acc_t(sr[k]));
-            gxp[base + j] = static_cast<scalar_t>(gj * acc_t(xp[base + j]));
-            grp[base + j] = static_cast<scalar_t>(gj * acc_t(sign) * acc_t(xp[base + k]));
+            dxp[base + j] = static_cast<scalar_t>(gj * acc_t(cp[c_off + j]) -
+                                                  acc_t(sign) * acc_t(gp[base + k]) * acc_t(sp[s_off + k]));
+            dcp[c_off + j] += static_cast<float>(gj * acc_t(xp[base + j]));
+            dsp[s_off + j] += static_cast<float>(gj * acc_t(sign) * acc_t(xp[base + k]));
           }
+        }
+        if (shared) {
+          std::lock_guard<std::mutex> lock(merge);
+          partials.push_back(std::move(partial));
         }
       });
     });
-    auto reduce_to = [](const at::Tensor& full, const at::Tensor& like) {
-      return full.sizes() == like.sizes() ? full : full.sum_to_size(like.sizes()).contiguous();
+    std::sort(partials.begin(), partials.end(), [](const Partial& a, const Partial& b) { return a.begin < b.begin; });
+    auto gradient = [&](const at::Tensor& like, std::vector<float>& direct, std::vector<float> Partial::*part) {
+      at::Tensor out = at::empty(like.sizes(), like.options().dtype(at::kFloat));
+      float* op_ = out.mutable_data_ptr<float>();
+      if (!shared) {
+        std::copy(direct.begin(), direct.end(), op_);
+      } else {
+        std::fill(op_, op_ + out.numel(), 0.0f);
+        for (const Partial& p : partials) {
+          const std::vector<float>& values = p.*part;
+          for (size_t i = 0; i < values.size(); ++i) op_[i] += values[i];
+        }
+      }
+      return out.to(like.scalar_type());
     };
-    return std::make_tuple(output(dx), output(reduce_to(g_x, r1)), output(reduce_to(g_rot, r2)));
+    return std::make_tuple(output(dx), output(gradient(c, direct_c, &Partial::dc)),
+                           output(gradient(s, direct_s, &Partial::ds)));
   });
 }
 
