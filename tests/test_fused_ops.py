@@ -52,6 +52,17 @@ def test_rms_norm(dtype, device):
     compare(lambda a, g: torch_npu.npu_rms_norm(a, g), rms_norm_ref, [x, gamma], dtype, device)
 
 
+def test_rms_norm_of_empty_rows_is_nan_like_the_composition():
+    x, gamma = torch.randn(3, 0), torch.randn(0)
+    expected_y, expected_rstd = rms_norm_ref(x, gamma)
+    for device in ("npu", "cpu"):
+        y, rstd = torch_npu.npu_rms_norm(x.to(device), gamma.to(device))
+        assert y.shape == (3, 0) and rstd.shape == (3, 1)
+        torch.testing.assert_close(rstd.cpu(), expected_rstd, equal_nan=True)
+        y, rstd, x_sum = torch_npu.npu_add_rms_norm(x.to(device), x.to(device), gamma.to(device), 1e-6)
+        assert rstd.isnan().all() and x_sum.shape == (3, 0)
+
+
 def test_rms_norm_over_two_dims_and_rstd_shape():
     x, gamma = torch.randn(2, 3, 4, 8).npu(), torch.randn(4, 8).npu()
     y, rstd = torch_npu.npu_rms_norm(x, gamma, 1e-5)

@@ -22,6 +22,7 @@
 #include <bit>
 #include <cmath>
 #include <algorithm>
+#include <limits>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -62,12 +63,12 @@ void checkFloating(const char* op, const at::Tensor& t, const char* name) {
 }
 
 // ---- vector loops ------------------------------------------------------------------
-// The float32 inner loops, built twice (AVX2 and the baseline) and chosen
+// The float32 inner loops, built three times (AVX-512, AVX2+FMA, the baseline) and chosen
 // at load time by the CPU; `omp simd` lets the reductions vectorise without
 // fast-math (their summation order becomes lane-wise), and -fno-trapping-math
 // (setup.py) lets the exp's clamp become vector selects instead of branches.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define NPU_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#define NPU_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define NPU_VECTOR_CLONES
 #endif
@@ -202,6 +203,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsNormImpl(const char* op, const
     at::Tensor y = at::empty_like(x);
     at::Tensor rstd = at::empty(rstdShape(self, gamma), x.options().dtype(at::kFloat));
     at::Tensor x_sum = r.defined() ? at::empty_like(x) : at::Tensor();
+    // Rows of no elements: the mean of nothing is NaN, as in the composition.
+    if (n == 0) rstd.fill_(std::numeric_limits<float>::quiet_NaN());
     NPU_FUSED_TYPES(x.scalar_type(), "npu_fused_op", [&] {
       using acc_t = at::opmath_type<scalar_t>;
       const scalar_t* xp = x.const_data_ptr<scalar_t>();
