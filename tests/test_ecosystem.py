@@ -187,3 +187,34 @@ def test_fusion_attention_pse_gradient():
     out.sum().backward()
     expected.sum().backward()
     torch.testing.assert_close(pse_npu.grad.cpu(), pse.grad, **TOL)
+
+
+def test_hf_trainer_with_the_npu_fused_adamw_matches_the_cpu(tmp_path):
+    """The Trainer's optim="adamw_torch_npu_fused" trains on the npu with
+    NpuFusedAdamW, bit for bit like torch's fused AdamW on the cpu."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # the Trainer needs it
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50, n_positions=16,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config)
+    rows = torch.randint(0, 50, (8, 8))
+    data = [{"input_ids": r, "labels": r} for r in rows]
+
+    def train(optim, use_cpu):
+        trained = copy.deepcopy(model)
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path / optim), max_steps=3, per_device_train_batch_size=4, optim=optim,
+            learning_rate=1e-2, lr_scheduler_type="constant", use_cpu=use_cpu, report_to=[],
+            save_strategy="no", logging_strategy="no", dataloader_pin_memory=False, disable_tqdm=True)
+        trainer = transformers.Trainer(model=trained, args=args, train_dataset=data)
+        trainer.train()
+        return trainer
+
+    on_npu = train("adamw_torch_npu_fused", use_cpu=False)
+    assert isinstance(on_npu.optimizer.optimizer if hasattr(on_npu.optimizer, "optimizer") else on_npu.optimizer,
+                      torch_npu.optim.NpuFusedAdamW)
+    on_cpu = train("adamw_torch_fused", use_cpu=True)
+    for (name, p), q in zip(on_npu.model.named_parameters(), on_cpu.model.parameters()):
+        assert p.device.type == "npu", name
+        assert torch.equal(p.detach().cpu(), q.detach()), name
