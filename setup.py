@@ -2,6 +2,8 @@
 import glob
 import os
 
+import torch.utils.cpp_extension as cpp_extension
+
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
@@ -21,8 +23,11 @@ setup(
             # -fopenmp: at::parallel_for is inline and runs serially without it (torch's
             # wheel ships the libgomp.so.1 our module then shares); -fno-trapping-math lets
             # the fused kernels' `omp simd` loops vectorise compares as vector selects.
+            # USE_KINETO and Kineto's own include folder: the profiler (csrc/profiler)
+            # implements Kineto's IActivityProfiler, whose torch header includes it bare.
             extra_compile_args={"cxx": ["-O2", "-g0", "-std=c++20", "-fvisibility=hidden", "-fopenmp",
-                                        "-fno-trapping-math"]},
+                                        "-fno-trapping-math", "-DUSE_KINETO"]},
+            include_dirs=[os.path.join(path, "kineto") for path in cpp_extension.include_paths()[:1]],
             extra_link_args=["-fopenmp"],
         )
     ],

@@ -339,6 +339,7 @@ class CachingAllocator final : public c10::Allocator {
                        summary);
     }
     allocated_.emplace(block->ptr, std::make_pair(block, device));
+    reportToProfiler(block->ptr, static_cast<int64_t>(block->size), device);
     return c10::DataPtr(block->ptr, block->ptr, &deleteBlock, c10::Device(kNPU, device));
   }
 
@@ -356,7 +357,19 @@ class CachingAllocator final : public c10::Allocator {
     TORCH_INTERNAL_ASSERT(it != allocated_.end(), "npu allocator: free of an unknown pointer");
     auto [block, device] = it->second;
     allocated_.erase(it);
+    const auto size = static_cast<int64_t>(block->size);
     deviceCache(device).free(block);
+    reportToProfiler(ptr, -size, device);
+  }
+
+  // profile_memory: each allocation and free, with the totals memory_stats()
+  // reports (allocated_bytes and reserved_bytes of all pools). Under mutex_.
+  void reportToProfiler(void* ptr, int64_t size, c10::DeviceIndex device) {
+    if (C10_LIKELY(!c10::memoryProfilingEnabled())) return;
+    const auto& stats = deviceCache(device).stats();
+    c10::reportMemoryUsageToProfiler(ptr, size, static_cast<std::size_t>(stats.allocated_bytes[kAllPools].current),
+                                     static_cast<std::size_t>(stats.reserved_bytes[kAllPools].current),
+                                     c10::Device(kNPU, device));
   }
 
   void emptyCache() {

@@ -6,6 +6,7 @@
 #include "host_allocator.h"
 #include "launch.h"
 #include "stream.h"
+#include "../runtime/tracing.h"
 
 namespace npu {
 namespace {
@@ -33,6 +34,8 @@ void copyHostToDevice(at::Tensor& dst, const at::Tensor& src, bool non_blocking)
   // Pageable memory may be freed as soon as we return: copy now, in stream
   // order (after the stream's earlier work on dst, before later kernels).
   StreamHold hold(device, "copy to npu");
+  runtime::tracing::Scope traced(runtime::tracing::ActivityKind::Memcpy, "Memcpy HtoD", device,
+                                 currentStream(device).id(), bytesOf(dst), runtime::CopyKind::HostToDevice);
   cpuAlias(dst).copy_(src);
 }
 
@@ -46,6 +49,8 @@ void copyDeviceToHost(at::Tensor& dst, const at::Tensor& src, bool non_blocking)
     return;
   }
   StreamHold hold(device, "copy from npu to cpu");
+  runtime::tracing::Scope traced(runtime::tracing::ActivityKind::Memcpy, "Memcpy DtoH", device,
+                                 currentStream(device).id(), bytesOf(src), runtime::CopyKind::DeviceToHost);
   dst.copy_(cpuAlias(src));
 }
 

@@ -2,6 +2,9 @@
 
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+
+#include <optional>
 
 #include "device.h"
 #include "stream.h"
@@ -25,10 +28,18 @@ at::Tensor cpuAlias(const at::Tensor& t, c10::Allocator* resize_allocator) {
 
 void launch(c10::DeviceIndex device, const char* name, runtime::Kernel kernel, std::size_t bytes) {
   auto& stream = currentRuntimeStream(device);
+  // While a profiler records memory, the kernel carries the launcher's debug
+  // info: what it allocates on a stream worker is reported to that profiler.
+  std::shared_ptr<c10::ThreadLocalDebugInfo> debug_info;
+  if (C10_UNLIKELY(c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) != nullptr)) {
+    debug_info = c10::ThreadLocalDebugInfo::current();
+  }
   translateRuntimeErrors(name, [&] {
     stream.launch(
         name,
-        [kernel = std::move(kernel)] {
+        [kernel = std::move(kernel), debug_info = std::move(debug_info)] {
+          std::optional<c10::DebugInfoGuard> profiled;
+          if (debug_info) profiled.emplace(debug_info);
           // Aliases need no autograd: go straight to the CPU kernels.
           at::AutoDispatchBelowADInplaceOrView below_autograd;
           kernel();

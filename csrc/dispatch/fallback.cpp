@@ -1,6 +1,7 @@
 #include "fallback.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
@@ -19,6 +20,7 @@
 #include "../core/device.h"
 #include "../core/generator.h"
 #include "../core/stream.h"
+#include "../runtime/tracing.h"
 
 namespace npu::dispatch {
 
@@ -539,10 +541,15 @@ void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, Fallba
   const auto start = std::chrono::steady_clock::now();
   int64_t to_cpu = 0;
   int64_t to_npu = 0;
-  c10::DeviceGuard guard(target);
+  c10::DeviceGuard device_guard(target);
   // The whole round trip is one step of the stream: no kernel of another
   // thread runs between reading the inputs and writing the results.
   StreamHold hold(target.index(), displayName(op).c_str());
+  // In the profiler: a host scope around the round trip, and a fallback
+  // activity on the stream it held, with the bytes copied both ways.
+  RECORD_USER_SCOPE("npu::cpu_fallback");
+  runtime::tracing::Scope traced(runtime::tracing::ActivityKind::Fallback, op.operator_name().name.c_str(),
+                                 target.index(), currentStream(target.index()).id());
 
   HostCopies copies(&to_cpu);
   for (size_t i = begin; i < stack->size(); ++i) {
@@ -626,6 +633,7 @@ void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, Fallba
   const auto ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
   policy.record(displayName(op), reason, ns, to_cpu, to_npu);
+  traced.setBytes(static_cast<std::size_t>(to_cpu + to_npu));
 }
 
 namespace {

@@ -84,7 +84,7 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
       return back(out, input.device(), to_npu);
     });
   }
-  HostExecution exec(input.device());
+  HostExecution exec(input.device(), "aten::convolution");
   auto out = at::convolution(exec.alias(input), exec.alias(weight), exec.alias(bias_t), stride, padding, dilation,
                              transposed, output_padding, groups);
   return exec.toNpu(out);
@@ -116,7 +116,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
                             return std::make_tuple(back(gi, d, to_npu), back(gw, d, to_npu), back(gb, d, to_npu));
                           });
   }
-  HostExecution exec(input.device());
+  HostExecution exec(input.device(), "aten::convolution_backward");
   auto [gi, gw, gb] = at::convolution_backward(exec.alias(grad_output), exec.alias(input), exec.alias(weight), bias_arg,
                                                stride, padding, dilation, transposed, output_padding, groups,
                                                output_mask);

@@ -64,12 +64,16 @@ void installHostAllocatorRedirect() {
               "with a higher priority); npu kernels cannot allocate their outputs");
 }
 
-HostExecution::HostExecution(c10::Device device)
+HostExecution::HostExecution(c10::Device device, const char* kernel)
     : device_(device),
       guard_(device),
       hold_(device.index(), "an npu kernel that runs on the host thread"),
       previous_redirect_(t_redirect_device) {
   t_redirect_device = device.index();
+  if (previous_redirect_ < 0 && runtime::tracing::enabled()) {
+    traced_.emplace(runtime::tracing::ActivityKind::Kernel, kernel, device.index(),
+                    currentStream(device.index()).id());
+  }
 }
 
 HostExecution::~HostExecution() { t_redirect_device = previous_redirect_; }

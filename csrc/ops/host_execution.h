@@ -12,9 +12,11 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceGuard.h>
 
+#include <optional>
 #include <unordered_map>
 
 #include "../core/stream.h"
+#include "../runtime/tracing.h"
 
 namespace npu::ops {
 
@@ -25,7 +27,8 @@ class HostExecution {
  public:
   // Holds the current stream of `device` (core/stream.h's StreamHold): runs
   // after the work launched before it, before what other threads launch meanwhile.
-  explicit HostExecution(c10::Device device);
+  // `kernel` (static storage) names the work in the profiler's device trace.
+  explicit HostExecution(c10::Device device, const char* kernel = "npu::host_execution");
   ~HostExecution();
   HostExecution(const HostExecution&) = delete;
   HostExecution& operator=(const HostExecution&) = delete;
@@ -50,6 +53,8 @@ class HostExecution {
   c10::DeviceGuard guard_;
   StreamHold hold_;
   c10::DeviceIndex previous_redirect_;
+  // Device work that runs on the host thread: one kernel for the outermost scope.
+  std::optional<runtime::tracing::Scope> traced_;
   struct Aliased {
     at::Tensor alias;     // kept alive, so no later tensor can reuse its address
     at::Tensor original;  // the npu tensor

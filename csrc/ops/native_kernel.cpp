@@ -319,7 +319,7 @@ void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* s
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
   const size_t begin = stack->size() - n;
-  HostExecution exec(device);
+  HostExecution exec(device, op.operator_name().name.c_str());
 
   std::vector<at::Tensor> written;  // out= and in-place arguments, to sync back
   for (size_t i = begin; i < stack->size(); ++i) {

@@ -110,7 +110,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstmCell(const at::Tensor& input_
                                                         const std::optional<at::Tensor>& input_bias,
                                                         const std::optional<at::Tensor>& hidden_bias) {
   checkCell("aten::_thnn_fused_lstm_cell", input_gates, hidden_gates, cx, input_bias, hidden_bias, 4);
-  HostExecution exec(input_gates.device());
+  HostExecution exec(input_gates.device(), "aten::_thnn_fused_lstm_cell");
   constexpr const char* op = "aten::_thnn_fused_lstm_cell";
   const at::Tensor ig = input(exec, op, "input_gates", input_gates);
   const at::Tensor hg = input(exec, op, "hidden_gates", hidden_gates);
@@ -165,7 +165,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstmCellBackward(const std::optio
   const bool has_cy = grad_cy.has_value() && grad_cy->defined();
   if (!has_hy && !has_cy) return {};  // as on CUDA: no incoming gradient, none going out
   checkBackward(op, {cx, cy}, workspace, 4, {has_hy ? &*grad_hy : nullptr, has_cy ? &*grad_cy : nullptr});
-  HostExecution exec(cx.device());
+  HostExecution exec(cx.device(), op);
   const at::Tensor ghy = input(exec, op, "grad_hy", grad_hy);
   const at::Tensor gcy = input(exec, op, "grad_cy", grad_cy);
   const at::Tensor c = input(exec, op, "cx", cx);
@@ -205,7 +205,7 @@ std::tuple<at::Tensor, at::Tensor> gruCell(const at::Tensor& input_gates, const 
                                            const at::Tensor& hx, const std::optional<at::Tensor>& input_bias,
                                            const std::optional<at::Tensor>& hidden_bias) {
   checkCell("aten::_thnn_fused_gru_cell", input_gates, hidden_gates, hx, input_bias, hidden_bias, 3);
-  HostExecution exec(input_gates.device());
+  HostExecution exec(input_gates.device(), "aten::_thnn_fused_gru_cell");
   constexpr const char* op = "aten::_thnn_fused_gru_cell";
   const at::Tensor ig = input(exec, op, "input_gates", input_gates);
   const at::Tensor hg = input(exec, op, "hidden_gates", hidden_gates);
@@ -251,7 +251,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gruCellBa
                                                                                        bool has_bias) {
   constexpr const char* op = "aten::_thnn_fused_gru_cell_backward";
   checkBackward(op, {grad_hy}, workspace, 5, {});
-  HostExecution exec(workspace.device());
+  HostExecution exec(workspace.device(), op);
   const at::Tensor go_t = input(exec, op, "grad_hy", grad_hy);
   const at::Tensor ws = input(exec, op, "workspace", workspace);
   const int64_t batch = go_t.size(0);

@@ -37,6 +37,7 @@ if not hasattr(torch.Tensor, "npu"):
 from . import _ops_registry  # noqa: E402
 from ._custom_ops import register_npu_op  # noqa: E402
 from . import optim  # noqa: E402
+from . import profiler  # noqa: E402
 from ._attention import npu_fusion_attention  # noqa: E402
 from ._fused import (  # noqa: E402
     npu_add_rms_norm,

@@ -52,7 +52,7 @@ auto onHost(const char* op, std::initializer_list<std::reference_wrapper<const a
   }
   if (first.device().type() != kNPU) return compute([](const at::Tensor& t) { return t.defined() ? t.contiguous() : t; },
                                                     [](const at::Tensor& t) { return t; });
-  HostExecution exec(first.device());
+  HostExecution exec(first.device(), op);
   return compute([&](const at::Tensor& t) { return t.defined() ? exec.alias(t).contiguous() : t; },
                  [&](const at::Tensor& t) { return exec.toNpu(t); });
 }

@@ -63,12 +63,42 @@ void EmuStream::recordFailure(const char* name, uint64_t index, std::exception_p
 }
 
 void EmuStream::run(Task& task) {
+  tracing::Activity activity;
+  const bool traced = task.traced != Traced::No && tracing::enabled();
+  if (traced) activity.start_ns = tracing::nowNs();
   try {
     task.kernel();
   } catch (...) {
     recordFailure(task.name, task.index, std::current_exception());
   }
   task.kernel = nullptr;  // release what the kernel captured on this thread
+  if (traced) {
+    // Timed where it executed: on the caller's thread or on the worker.
+    activity.end_ns = tracing::nowNs();
+    activity.kind = task.traced == Traced::Memcpy ? tracing::ActivityKind::Memcpy : tracing::ActivityKind::Kernel;
+    activity.name = task.name;
+    activity.device = device_;
+    activity.stream = id_;
+    activity.correlation = task.correlation;
+    activity.host_thread = task.host_thread;
+    activity.launch_ns = task.launch_ns;
+    activity.bytes = task.bytes;
+    activity.copy_kind = task.copy_kind;
+    tracing::record(activity);
+  }
+}
+
+void EmuStream::traceWait(const char* name, int64_t start_ns) {
+  tracing::Activity activity;
+  activity.kind = tracing::ActivityKind::Synchronize;
+  activity.name = name;
+  activity.device = device_;
+  activity.stream = id_;
+  activity.correlation = tracing::currentCorrelation();
+  activity.host_thread = tracing::currentThreadId();
+  activity.start_ns = start_ns;
+  activity.end_ns = tracing::nowNs();
+  tracing::record(activity);
 }
 
 bool EmuStream::heldByCallerLocked() const {
@@ -105,18 +135,29 @@ void EmuStream::finishInlineLocked() {
 }
 
 void EmuStream::launch(const char* name, Kernel kernel, std::size_t bytes) {
+  Task task{name, std::move(kernel)};
+  if (tracing::enabled()) stampLaunch(task, Traced::Kernel, bytes);
+  submit(std::move(task), bytes);
+}
+
+void EmuStream::stampLaunch(Task& task, Traced kind, std::size_t bytes) {
+  task.traced = kind;
+  task.correlation = tracing::currentCorrelation();  // of the op launching it, on this thread
+  task.host_thread = tracing::currentThreadId();
+  task.launch_ns = tracing::nowNs();
+  task.bytes = bytes;
+}
+
+void EmuStream::launchMarker(const char* name, Kernel kernel) { submit(Task{name, std::move(kernel)}, 0); }
+
+void EmuStream::submit(Task task, std::size_t bytes) {
   if (config_.blocking) {
     drain();
     throwPendingError();
-    Task task{name, std::move(kernel), launched_.fetch_add(1) + 1};
-    try {
-      task.kernel();
-    } catch (...) {
-      completed_.fetch_add(1);
-      recordFailure(name, task.index, std::current_exception());
-      throwPendingError();
-    }
+    task.index = launched_.fetch_add(1) + 1;
+    run(task);
     completed_.fetch_add(1);
+    throwPendingError();
     return;
   }
   std::unique_lock<std::mutex> lock(mutex_);
@@ -124,35 +165,34 @@ void EmuStream::launch(const char* name, Kernel kernel, std::size_t bytes) {
     // The holder's own work (host code in stream order): runs now, unnumbered,
     // so positions of the kernels queued behind the hold stay in order.
     lock.unlock();
-    Task task{name, std::move(kernel)};
     run(task);
     return;
   }
   waitForSpaceLocked(lock);  // a full queue makes the host wait, as a device's launch queue does
-  const uint64_t index = launched_.fetch_add(1, std::memory_order_acq_rel) + 1;
+  task.index = launched_.fetch_add(1, std::memory_order_acq_rel) + 1;
   if (!config_.always_enqueue && !busy_ && queue_.empty() && bytes <= config_.inline_bytes) {
     // Idle stream: running here keeps stream order and saves the hand-off.
     busy_ = true;
     lock.unlock();
-    Task task{name, std::move(kernel), index};
     run(task);
     lock.lock();
     finishInlineLocked();
     return;
   }
-  enqueueLocked(Task{name, std::move(kernel), index});
+  enqueueLocked(std::move(task));
 }
 
 bool EmuStream::runIfIdle(const char* name, KernelRef kernel, std::size_t bytes) {
-  (void)name;
   if (config_.blocking) {
     synchronize();
+    tracing::Scope traced(tracing::ActivityKind::Kernel, name, device_, id_, bytes);
     kernel();
     return true;
   }
   std::unique_lock<std::mutex> lock(mutex_);
   if (heldByCallerLocked()) {
     lock.unlock();
+    tracing::Scope traced(tracing::ActivityKind::Kernel, name, device_, id_, bytes);
     kernel();
     return true;
   }
@@ -161,6 +201,7 @@ bool EmuStream::runIfIdle(const char* name, KernelRef kernel, std::size_t bytes)
   launched_.fetch_add(1, std::memory_order_acq_rel);
   lock.unlock();
   try {
+    tracing::Scope traced(tracing::ActivityKind::Kernel, name, device_, id_, bytes);
     kernel();
   } catch (...) {
     lock.lock();
@@ -192,7 +233,11 @@ void EmuStream::acquire() {
   hold.hold = true;
   hold.holder = me;
   enqueueLocked(std::move(hold));
+  const int64_t start = tracing::enabled() ? tracing::nowNs() : 0;
   drained_.wait(lock, [&] { return hold_depth_ > 0 && holder_ == me; });
+  lock.unlock();
+  // The host waited for the device: host code that needs the stream's results.
+  if (start != 0) traceWait("npuStreamWait", start);
 }
 
 void EmuStream::release() {
@@ -247,16 +292,34 @@ void EmuStream::workerLoop() {
   }
 }
 
-void EmuStream::copy(void* dst, const void* src, std::size_t n, CopyKind /*kind*/) {
+static const char* copyName(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::HostToDevice: return "Memcpy HtoD";
+    case CopyKind::DeviceToHost: return "Memcpy DtoH";
+    case CopyKind::DeviceToDevice: break;
+  }
+  return "Memcpy DtoD";
+}
+
+void EmuStream::copy(void* dst, const void* src, std::size_t n, CopyKind kind) {
   // Every kind is a memcpy: the emulated device memory is host memory.
   if (n == 0) return;
-  launch("memcpy", [dst, src, n] { std::memcpy(dst, src, n); }, n);
+  Task task{copyName(kind), [dst, src, n] { std::memcpy(dst, src, n); }};
+  if (tracing::enabled()) {
+    stampLaunch(task, Traced::Memcpy, n);
+    task.copy_kind = kind;
+  }
+  submit(std::move(task), n);
 }
 
 void EmuStream::drain() {
   std::unique_lock<std::mutex> lock(mutex_);
   if (heldByCallerLocked()) return;  // everything launched before the hold has run
+  if (queue_.empty() && !busy_) return;
+  const int64_t start = tracing::enabled() ? tracing::nowNs() : 0;
   drained_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  lock.unlock();
+  if (start != 0) traceWait("npuStreamSynchronize", start);
 }
 
 void EmuStream::synchronize() {
@@ -291,7 +354,7 @@ void EmuStream::wait(Event& event) {
   }
   // A marker for the worker: the caller never blocks on it.
   waitForSpaceLocked(lock);
-  enqueueLocked(Task{"event_wait", std::move(marker), launched_.fetch_add(1, std::memory_order_acq_rel) + 1});
+  enqueueLocked(Task{"event_wait", std::move(marker), launched_.fetch_add(1, std::memory_order_acq_rel) + 1});  // not traced
 }
 
 std::shared_ptr<KernelFailure> EmuStream::pendingFailure() {
@@ -354,7 +417,7 @@ void EmuEvent::record(Stream& stream) {
     mark_ = mark;
   }
   EmuStream* recorder = mark->stream;
-  stream.launch("event_record", [mark, recorder] { mark->complete(recorder->pendingFailure()); }, 0);
+  recorder->launchMarker("event_record", [mark, recorder] { mark->complete(recorder->pendingFailure()); });
 }
 
 bool EmuEvent::recorded() const { return currentMark() != nullptr; }

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "../hal.h"
+#include "../tracing.h"
 
 namespace npu::runtime::emu {
 
@@ -46,6 +47,9 @@ class EmuStream final : public Stream {
   uint64_t position() const override { return launched_.load(std::memory_order_acquire); }
   bool passed(uint64_t position) const override { return completed_.load(std::memory_order_acquire) >= position; }
 
+  // Queues an event's marker: stream-ordered like a kernel, never traced.
+  void launchMarker(const char* name, Kernel kernel);
+
   // The first failure not yet reported, cleared by reading it.
   void throwPendingError();
   bool hasPendingError();
@@ -55,6 +59,8 @@ class EmuStream final : public Stream {
   void adoptFailure(const std::shared_ptr<KernelFailure>& failure);
 
  private:
+  // What a task is, for the activity trace (tracing.h): markers are not traced.
+  enum class Traced { Kernel, Memcpy, No };
   struct Task {
     Task() = default;
     Task(const char* n, Kernel k, uint64_t i = 0) : name(n), kernel(std::move(k)), index(i) {}
@@ -63,8 +69,20 @@ class EmuStream final : public Stream {
     uint64_t index = 0;        // position among the stream's launches (0: none)
     bool hold = false;         // not a kernel: hands the stream to `holder`
     std::thread::id holder;
+    // Stamped at launch while tracing is on: the launching thread's correlation id.
+    Traced traced = Traced::No;
+    uint64_t correlation = 0;
+    int32_t host_thread = 0;
+    int64_t launch_ns = 0;
+    std::size_t bytes = 0;
+    CopyKind copy_kind = CopyKind::DeviceToDevice;
   };
   void run(Task& task);  // executes one kernel, keeping its error
+  static void stampLaunch(Task& task, Traced kind, std::size_t bytes);
+  // launch() for kernels, copies and event markers alike.
+  void submit(Task task, std::size_t bytes);
+  // Records a host wait for this stream that lasted from `start_ns` until now.
+  void traceWait(const char* name, int64_t start_ns);
   void recordFailure(const char* name, uint64_t index, std::exception_ptr error);
   void enqueueLocked(Task task);
   void waitForSpaceLocked(std::unique_lock<std::mutex>& lock);

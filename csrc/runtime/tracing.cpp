@@ -1,0 +1,85 @@
+#include "tracing.h"
+
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace npu::runtime::tracing {
+
+namespace detail {
+std::atomic<bool> g_enabled{false};
+}
+
+namespace {
+std::mutex g_mutex;
+std::vector<Activity>* g_activities = new std::vector<Activity>();  // never destroyed: workers may outlive exit
+thread_local std::vector<uint64_t> t_correlations;
+}  // namespace
+
+void start() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_activities->clear();
+  detail::g_enabled.store(true, std::memory_order_release);
+}
+
+std::vector<Activity> stop() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  detail::g_enabled.store(false, std::memory_order_release);
+  std::vector<Activity> out;
+  out.swap(*g_activities);
+  return out;
+}
+
+void record(const Activity& activity) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  // A kernel that finishes after stop() belongs to no session.
+  if (detail::g_enabled.load(std::memory_order_relaxed)) g_activities->push_back(activity);
+}
+
+void pushCorrelation(uint64_t id) { t_correlations.push_back(id); }
+void popCorrelation() {
+  if (!t_correlations.empty()) t_correlations.pop_back();
+}
+uint64_t currentCorrelation() { return t_correlations.empty() ? 0 : t_correlations.back(); }
+
+int64_t nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+int32_t currentThreadId() {
+#if defined(__linux__)
+  thread_local const int32_t id = static_cast<int32_t>(::syscall(SYS_gettid));
+#else
+  thread_local const int32_t id = static_cast<int32_t>(std::hash<std::thread::id>()(std::this_thread::get_id()));
+#endif
+  return id;
+}
+
+Scope::Scope(ActivityKind kind, const char* name, int device, int64_t stream, std::size_t bytes, CopyKind copy_kind)
+    : active_(enabled()) {
+  if (!active_) return;
+  activity_.kind = kind;
+  activity_.name = name;
+  activity_.device = device;
+  activity_.stream = stream;
+  activity_.bytes = bytes;
+  activity_.copy_kind = copy_kind;
+  activity_.correlation = currentCorrelation();
+  activity_.host_thread = currentThreadId();
+  activity_.start_ns = nowNs();
+  activity_.launch_ns = activity_.start_ns;
+}
+
+Scope::~Scope() {
+  if (!active_) return;
+  activity_.end_ns = nowNs();
+  record(activity_);
+}
+
+}  // namespace npu::runtime::tracing

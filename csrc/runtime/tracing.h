@@ -1,0 +1,80 @@
+// Device activity tracing: the runtime's half of the profiler (what CUPTI is
+// to a GPU). While tracing is on, every kernel and copy a stream executes is
+// recorded with the time it started and ended where it executed, its stream,
+// and the correlation id that was current on the thread that launched it (the
+// profiler pushes the id of each op it records). Plain C++17, no ATen; the
+// emulated NPU stamps activities with the host clock, a vendor's runtime with
+// its device's timestamps converted to the same clock.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "hal.h"
+
+namespace npu::runtime::tracing {
+
+enum class ActivityKind {
+  Kernel,       // device work: a kernel on a stream, or host code in stream order
+  Memcpy,       // a copy between host and device memory, or within the device
+  Synchronize,  // a host thread waiting for a stream (a hidden or explicit sync)
+  Fallback,     // an op the device ran on the host CPU, holding the stream (bytes: copied both ways)
+};
+
+struct Activity {
+  ActivityKind kind = ActivityKind::Kernel;
+  const char* name = "";  // static storage: kernel names are op names or literals
+  int device = 0;
+  int64_t stream = 0;
+  uint64_t correlation = 0;  // 0: launched outside any profiled op
+  int64_t start_ns = 0;      // nanoseconds since the epoch (system clock)
+  int64_t end_ns = 0;
+  std::size_t bytes = 0;
+  CopyKind copy_kind = CopyKind::DeviceToDevice;  // for Memcpy
+  // The host thread (the OS's id) that launched the work, or waited; and when
+  // it launched it (start_ns for work that ran at once).
+  int32_t host_thread = 0;
+  int64_t launch_ns = 0;
+};
+
+namespace detail {
+extern std::atomic<bool> g_enabled;
+}
+
+// Cheap enough to test on every launch.
+inline bool enabled() { return detail::g_enabled.load(std::memory_order_relaxed); }
+
+// Starts recording (dropping what an earlier session left); stop() ends it and
+// returns the activities in the order they were recorded.
+void start();
+std::vector<Activity> stop();
+void record(const Activity& activity);
+
+// The calling thread's correlation ids, innermost last.
+void pushCorrelation(uint64_t id);
+void popCorrelation();
+uint64_t currentCorrelation();
+
+// The profiler's clock: nanoseconds since the epoch.
+int64_t nowNs();
+// The calling thread's id as the OS (and the profiler's trace) numbers it.
+int32_t currentThreadId();
+
+// Records the span of a scope as one activity (when tracing is on at entry).
+class Scope {
+ public:
+  Scope(ActivityKind kind, const char* name, int device, int64_t stream, std::size_t bytes = 0,
+        CopyKind copy_kind = CopyKind::DeviceToDevice);
+  ~Scope();
+  void setBytes(std::size_t bytes) { activity_.bytes = bytes; }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  Activity activity_;
+  bool active_;
+};
+
+}  // namespace npu::runtime::tracing

@@ -1,0 +1,104 @@
+"""The npu in PyTorch's profiler: ``torch_npu.profiler`` is ``torch.profiler``
+with the npu's device activities (csrc/profiler): kernels timed where they ran
+and linked to the op that launched them, copies with their bytes, CPU
+fallbacks, host waits for the device, and npu memory per op.
+
+    from torch_npu.profiler import profile, ProfilerActivity
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.NPU], profile_memory=True) as prof:
+        model(x).sum().backward()
+    print(prof.key_averages().table(sort_by="npu_time_total"))
+    print(torch_npu.profiler.analyse(prof))
+
+``torch.profiler.profile(activities=[ProfilerActivity.PrivateUse1])`` and
+``torch.autograd.profiler.profile(use_device="npu")`` are the same profiler.
+"""
+import functools
+import inspect
+
+import torch
+import torch.autograd.profiler as _autograd_profiler
+from torch.autograd.profiler_util import FunctionEvent, FunctionEventAvg
+from torch.profiler import (  # noqa: F401  (the public names of torch.profiler)
+    ProfilerAction,
+    ProfilerActivity,
+    record_function,
+    schedule,
+    supported_activities,
+    tensorboard_trace_handler,
+)
+
+from ._analyse import Analysis, analyse  # noqa: F401
+
+__all__ = ["profile", "ProfilerActivity", "ProfilerAction", "schedule", "tensorboard_trace_handler",
+           "record_function", "supported_activities", "analyse", "Analysis"]
+
+
+class profile(torch.profiler.profile):
+    """``torch.profiler.profile``; also samples npu memory at each ``step()``
+    (``step_memory``: (step, allocated bytes, reserved bytes)), which
+    ``analyse`` reads for memory growth across steps."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.step_memory = []
+
+    def _sample_memory(self):
+        if torch.npu.is_initialized():
+            torch.npu.synchronize()
+            self.step_memory.append((self.step_num, torch.npu.memory_allocated(), torch.npu.memory_reserved()))
+
+    def start(self):
+        self.step_memory = []
+        super().start()
+
+    def step(self):
+        self._sample_memory()
+        super().step()
+
+    def stop(self):
+        if not self.step_memory:  # no step() called: one sample for the whole run
+            self._sample_memory()
+        super().stop()
+
+
+# The seed's names for the device columns, on events and averages alike, so
+# that attributes and table(sort_by="npu_time_total") work.
+_NPU_ALIASES = {
+    "npu_time": "device_time",
+    "npu_time_total": "device_time_total",
+    "self_npu_time_total": "self_device_time_total",
+    "npu_memory_usage": "device_memory_usage",
+    "self_npu_memory_usage": "self_device_memory_usage",
+}
+
+
+def _install_aliases():
+    for cls in (FunctionEvent, FunctionEventAvg):
+        for alias, name in _NPU_ALIASES.items():
+            if not hasattr(cls, alias):
+                setattr(cls, alias, property(functools.partial(lambda self, n: getattr(self, n), n=name)))
+
+
+def _profile_npu_through_kineto():
+    """``torch.autograd.profiler.profile(use_device="npu")`` defaults to Kineto
+    (the same device activities as torch.profiler); ``use_kineto=False`` still
+    works, timing each op with npu events."""
+    cls = _autograd_profiler.profile
+    if getattr(cls.__init__, "_torch_npu", False):
+        return
+    original = cls.__init__
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        bound = signature.bind_partial(self, *args, **kwargs)
+        if bound.arguments.get("use_device") == "npu" and "use_kineto" not in bound.arguments:
+            kwargs["use_kineto"] = True
+        original(self, *args, **kwargs)
+
+    __init__._torch_npu = True
+    cls.__init__ = __init__
+
+
+_install_aliases()
+_profile_npu_through_kineto()
