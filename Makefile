@@ -27,12 +27,12 @@ $(VENV)/.deps:
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.deps setup.py pyproject.toml | system-deps
-	$(PIP) install -q --no-build-isolation -e .
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PIP) install -q --no-build-isolation -e .
 	touch $@
 
 # Incremental rebuild of the extension (ninja) after C++ changes.
 build: $(VENV)/.installed
-	$(PY) setup.py -q build_ext --inplace
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) setup.py -q build_ext --inplace
 
 demo: build
 	$(PY) examples/demo.py

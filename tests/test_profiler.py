@@ -39,6 +39,14 @@ def profiled():
     return prof, wall_us
 
 
+@pytest.fixture(scope="module")
+def chrome_trace(profiled, tmp_path_factory):
+    """The shared run's Chrome trace (a profile exports its trace once)."""
+    path = tmp_path_factory.mktemp("trace") / "rank-0.json"
+    profiled[0].export_chrome_trace(str(path))
+    return path
+
+
 def averages_by_name(prof):
     return {e.key: e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CPU}
 
@@ -107,17 +115,30 @@ def test_work_on_stream_workers_is_timed_there_and_reports_memory(run_python):
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.NPU], profile_memory=True) as prof:
             torch.npu._sleep(20)
             y = torch.mm(x, x)
+            torch.npu._sleep(5)
+            s = torch.mm(torch.mm(x, x), x)  # the inner result's last owner is the queued outer mm
             torch.npu.synchronize()
         events = prof.profiler.kineto_results.events()
-        kernels = {e.name(): e for e in events if e.device_type() == NPU and e.name() != "[memory]"}
+        kernels = {}
+        for e in events:
+            if e.device_type() == NPU and e.name() != "[memory]":
+                kernels.setdefault(e.name(), e)  # the first of each name
         sleep = kernels["npu._sleep"]
         assert sleep.duration_ns() >= 20e6
         assert kernels["aten::mm"].start_ns() >= sleep.start_ns() + sleep.duration_ns()
         mm = {e.key: e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CPU}["aten::mm"]
-        assert mm.device_time_total > 0 and mm.self_npu_memory_usage == 64 * 64 * 4
-        waits = [e for e in events if e.name() == "npuStreamSynchronize"]
-        assert waits and waits[0].duration_ns() > 1e6, "the host waited for the sleep"
+        # three results; the inner one is freed on the worker, outside any op (the timeline has it)
+        assert mm.device_time_total > 0 and mm.self_npu_memory_usage == 3 * 64 * 64 * 4, mm.self_npu_memory_usage
+        waits = [e for e in events if e.name() == "npuStreamSynchronize"]  # the sync waited for the sleeps
+        assert waits and max(w.duration_ns() for w in waits) > 1e6, "the host waited for the sleep"
         torch.testing.assert_close(y.cpu(), x.cpu() @ x.cpu())
+        import json, tempfile
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            prof.export_chrome_trace(f.name)
+            memory = [e["args"] for e in json.load(open(f.name))["traceEvents"]
+                      if e.get("name") == "[memory]" and e["args"].get("Device Type") == 20]
+        assert memory[-1]["Bytes"] == -64 * 64 * 4, "the free on the worker is reported"
+        assert memory[-1]["Total Allocated"] == torch.npu.memory_allocated()
     """, env={"NPU_EMU_ALWAYS_ENQUEUE": "1"})
 
 
@@ -143,11 +164,8 @@ def test_copies_are_memcpy_activities_and_fallbacks_are_marked():
     assert host.numel() == 1000
 
 
-def test_chrome_trace_has_stream_tracks_nesting_and_flows(profiled, tmp_path):
-    prof, _ = profiled
-    path = tmp_path / "trace.json"
-    prof.export_chrome_trace(str(path))
-    events = json.loads(path.read_text())["traceEvents"]
+def test_chrome_trace_has_stream_tracks_nesting_and_flows(chrome_trace):
+    events = json.loads(chrome_trace.read_text())["traceEvents"]
     names = {(e["name"], e["args"].get("name")) for e in events if e.get("ph") == "M"}
     assert ("process_name", "NPU 0") in names and ("thread_name", "Stream 0") in names
     ops = {e["args"]["External id"]: e for e in events if e.get("cat") == "cpu_op" and "External id" in e["args"]}
@@ -166,11 +184,9 @@ def test_chrome_trace_has_stream_tracks_nesting_and_flows(profiled, tmp_path):
         assert starts[flow_id]["tid"] != 0 and end["pid"] == 0
 
 
-def test_holistic_trace_analysis_reads_the_trace(profiled, tmp_path):
+def test_holistic_trace_analysis_reads_the_trace(chrome_trace):
     hta = pytest.importorskip("hta.trace_analysis")
-    prof, _ = profiled
-    prof.export_chrome_trace(str(tmp_path / "rank-0.json"))
-    analyzer = hta.TraceAnalysis(trace_dir=str(tmp_path))
+    analyzer = hta.TraceAnalysis(trace_dir=str(chrome_trace.parent))
     assert not analyzer.get_temporal_breakdown(visualize=False).empty
 
 
@@ -248,3 +264,13 @@ def test_analyse_answers_the_three_questions(clean_npu):
         torch.npu.synchronize()
     heavy = torch_npu.profiler.analyse(prof)
     assert heavy.bound == "device" and not heavy.launch_bound
+
+
+def test_cpu_only_profiling_records_no_npu_activity():
+    model, x = mlp(), torch.randn(16, 32).npu()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        train_step(model, x)
+        torch.npu.synchronize()
+    device = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.PrivateUse1]
+    assert device == []
+    assert averages_by_name(prof)["aten::addmm"].device_time_total == 0

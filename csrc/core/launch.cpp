@@ -1,5 +1,7 @@
 #include "launch.h"
 
+#include "../runtime/tracing.h"
+
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
@@ -28,21 +30,28 @@ at::Tensor cpuAlias(const at::Tensor& t, c10::Allocator* resize_allocator) {
 
 void launch(c10::DeviceIndex device, const char* name, runtime::Kernel kernel, std::size_t bytes) {
   auto& stream = currentRuntimeStream(device);
-  // While a profiler records memory, the kernel carries the launcher's debug
-  // info: what it allocates on a stream worker is reported to that profiler.
+  // While a profiler with npu activities runs, the kernel carries the
+  // launcher's debug info: what it allocates or frees on a stream worker is
+  // reported to that profiler. Only then: that profiler drains the streams
+  // before it stops (NpuSession::stop), so no worker reports into a profiler
+  // that is being finalised.
   std::shared_ptr<c10::ThreadLocalDebugInfo> debug_info;
-  if (C10_UNLIKELY(c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) != nullptr)) {
+  if (C10_UNLIKELY(runtime::tracing::enabled()) &&
+      c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) != nullptr) {
     debug_info = c10::ThreadLocalDebugInfo::current();
   }
   translateRuntimeErrors(name, [&] {
     stream.launch(
         name,
-        [kernel = std::move(kernel), debug_info = std::move(debug_info)] {
+        [kernel = std::move(kernel), debug_info = std::move(debug_info)]() mutable {
           std::optional<c10::DebugInfoGuard> profiled;
           if (debug_info) profiled.emplace(debug_info);
+          // Destroyed inside the guard: a tensor the kernel held last is freed
+          // (and its free reported) here, not after the guard is gone.
+          runtime::Kernel run = std::move(kernel);
           // Aliases need no autograd: go straight to the CPU kernels.
           at::AutoDispatchBelowADInplaceOrView below_autograd;
-          kernel();
+          run();
         },
         bytes);
   });

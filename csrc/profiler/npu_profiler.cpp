@@ -9,6 +9,9 @@
 //
 // The legacy autograd profiler with use_kineto=False reads device time through
 // ProfilerStubs: timing events on the current stream around each op.
+// Kineto's addMetadata (numeric trace args, as CUDA's traces have) formats
+// with fmt, whose library torch does not export: compile fmt inline here.
+#define FMT_HEADER_ONLY
 #include <ATen/record_function.h>
 #include <c10/util/ApproximateClock.h>
 #include <torch/csrc/profiler/standalone/privateuse1_profiler.h>
@@ -26,6 +29,7 @@
 
 #include "../core/device.h"
 #include "../core/stream.h"
+#include "../runtime/hal.h"
 #include "../runtime/tracing.h"
 
 namespace npu::profiler {
@@ -62,13 +66,30 @@ const char* launchName(tracing::ActivityKind kind) {
   return "npuLaunchKernel";
 }
 
+// Waits for the work queued on every npu stream, leaving kernel errors pending
+// for the user's next synchronisation.
+void drainAllStreams() {
+  try {
+    auto& hal = runtime::hal();
+    for (int i = 0; i < hal.deviceCount(); ++i) hal.device(i).drain();
+  } catch (const std::exception&) {
+    // A runtime that cannot start has queued nothing; its error reaches the
+    // user at the next npu call, not from inside the profiler's stop.
+  }
+}
+
 class NpuSession final : public libkineto::IActivityProfilerSession {
  public:
+  ~NpuSession() override {
+    if (status_ == libkineto::TraceStatus::RECORDING) tracing::stop();  // dropped without stop()
+  }
   void start() override {
     tracing::start();
     status_ = libkineto::TraceStatus::RECORDING;
   }
   void stop() override {
+    // Queued kernels finish (and report their memory) before the trace ends.
+    drainAllStreams();
     activities_ = tracing::stop();
     status_ = libkineto::TraceStatus::PROCESSING;
   }
@@ -123,15 +144,15 @@ class NpuSession final : public libkineto::IActivityProfilerSession {
         launch.flow.start = 1;
         launch.log(logger);
       }
-      act.addMetadataQuoted("device", std::to_string(a.device));
-      act.addMetadataQuoted("stream", std::to_string(a.stream));
-      act.addMetadataQuoted("correlation", std::to_string(a.correlation));
+      act.addMetadata("device", a.device);
+      act.addMetadata("stream", a.stream);
+      act.addMetadata("correlation", a.correlation);
       if (fallback) act.addMetadataQuoted("fallback", "cpu");
       if (a.kind == tracing::ActivityKind::Memcpy) {
-        act.addMetadataQuoted("bytes", std::to_string(a.bytes));
+        act.addMetadata("bytes", a.bytes);
         act.addMetadataQuoted("kind", copyKindName(a.copy_kind));
       } else if (a.bytes != 0) {
-        act.addMetadataQuoted("bytes", std::to_string(a.bytes));
+        act.addMetadata("bytes", a.bytes);
       }
       act.log(logger);
     }
@@ -170,8 +191,10 @@ class NpuActivityProfiler final : public libkineto::IActivityProfiler {
 
   std::unique_ptr<libkineto::IActivityProfilerSession> configure(const std::set<ActivityType>& requested,
                                                                  const libkineto::Config& /*config*/) override {
-    for (ActivityType t : requested) {
-      if (types_.count(t) != 0) return std::make_unique<NpuSession>();
+    // PRIVATEUSE1_RUNTIME comes with every CPU-only request too: only device
+    // activities start a session, so CPU-only profiles pay no npu tracing.
+    if (requested.count(ActivityType::CONCURRENT_KERNEL) != 0 || requested.count(ActivityType::GPU_MEMCPY) != 0) {
+      return std::make_unique<NpuSession>();
     }
     return nullptr;  // no npu activity asked for
   }

@@ -16,7 +16,8 @@ std::atomic<bool> g_enabled{false};
 }
 
 namespace {
-std::mutex g_mutex;
+// Leaked like g_activities: stream workers may record during static destruction.
+std::mutex& g_mutex = *new std::mutex;
 std::vector<Activity>* g_activities = new std::vector<Activity>();  // never destroyed: workers may outlive exit
 thread_local std::vector<uint64_t> t_correlations;
 }  // namespace
