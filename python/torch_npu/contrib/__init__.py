@@ -1,0 +1,1 @@
+"""Helpers for moving existing code onto the npu."""
