@@ -328,13 +328,23 @@ void FallbackPolicy::setLogger(Logger logger) {
   logger_ = std::move(logger);
 }
 
-void FallbackPolicy::log(const std::string& line) const {
+const char* fallbackReasonName(FallbackReason reason) {
+  switch (reason) {
+    case FallbackReason::NoKernel: return "no_kernel";
+    case FallbackReason::Dtype: return "dtype";
+    case FallbackReason::Policy: return "policy";
+    case FallbackReason::KernelError: return "kernel_error";
+  }
+  return "unknown";
+}
+
+void FallbackPolicy::log(const std::string& op, FallbackReason reason, const std::string& line) const {
   Logger logger;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     logger = logger_;
   }
-  if (logger) logger(line);
+  if (logger) logger(op, reason, line);
 }
 
 bool FallbackPolicy::firstWarning(const std::string& op) {
@@ -453,12 +463,14 @@ void checkFallbackAllowed(const c10::OperatorHandle& op, const torch::jit::Stack
                reason == FallbackReason::Dtype ? " for these dtypes" : "", " and runs on the CPU (a slow round trip; "
                "see torch_npu.NPUFallbackMode.get_fallback_stats()). This warning is shown once per op.");
   }
+  const char* why = "";
   switch (reason) {
-    case FallbackReason::NoKernel: policy.log(kernelName(base) + " not registered, fallback to CPU"); break;
-    case FallbackReason::Dtype: policy.log(kernelName(base) + " does not support these dtypes, fallback to CPU"); break;
-    case FallbackReason::Policy: policy.log(kernelName(base) + " forced to CPU by op policy, fallback to CPU"); break;
-    case FallbackReason::KernelError: policy.log(kernelName(base) + " raised an error, retrying on CPU"); break;
+    case FallbackReason::NoKernel: why = " not registered, fallback to CPU"; break;
+    case FallbackReason::Dtype: why = " does not support these dtypes, fallback to CPU"; break;
+    case FallbackReason::Policy: why = " forced to CPU by op policy, fallback to CPU"; break;
+    case FallbackReason::KernelError: why = " raised an error, retrying on CPU"; break;
   }
+  policy.log(displayName(op), reason, kernelName(base) + why);
 }
 
 bool isScalarTypeArgument(const c10::Argument& arg) {

@@ -25,6 +25,8 @@ enum class OpPolicy { Default, Cpu, Npu };
 
 // Why an op takes the fallback path.
 enum class FallbackReason { NoKernel, Dtype, Policy, KernelError };
+// "no_kernel", "dtype", "policy", "kernel_error": the names Python sees.
+const char* fallbackReasonName(FallbackReason reason);
 
 struct OpFallbackStats {
   int64_t count = 0;
@@ -55,10 +57,12 @@ class FallbackPolicy {
   std::map<std::string, OpFallbackStats> stats() const;
   void resetStats();
 
-  // Called with a line for each fallback; Python's logging sits behind it.
-  using Logger = std::function<void(const std::string&)>;
+  // Called for each fallback, before it runs, with the op ("aten::exp"), why it
+  // falls back and a line for the log; Python's logging and torch_npu.doctor sit
+  // behind it.
+  using Logger = std::function<void(const std::string& op, FallbackReason reason, const std::string& line)>;
   void setLogger(Logger logger);
-  void log(const std::string& line) const;
+  void log(const std::string& op, FallbackReason reason, const std::string& line) const;
 
   // Reads NPU_FALLBACK_MODE, NPU_FALLBACK_OPS and NPU_FALLBACK_ON_ERROR (at
   // import, once every operator is registered): a bad value throws

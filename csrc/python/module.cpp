@@ -192,10 +192,11 @@ void bindDispatch(py::module_& m) {
     }
     // Leaked on purpose: it may be called during interpreter shutdown.
     auto* callable = new py::object(std::move(logger));
-    FallbackPolicy::instance().setLogger([callable](const std::string& line) {
+    FallbackPolicy::instance().setLogger([callable](const std::string& op, npu::dispatch::FallbackReason reason,
+                                                    const std::string& line) {
       py::gil_scoped_acquire gil;
       try {
-        (*callable)(line);
+        (*callable)(op, npu::dispatch::fallbackReasonName(reason), line);
       } catch (py::error_already_set& e) {
         e.discard_as_unraisable("torch_npu fallback logger");
       }

@@ -152,9 +152,16 @@ def get_fallback_mode() -> str:
     return NPUOpsFallback.get()
 
 
-def _log_fallback(line: str) -> None:
+# Callables(op, reason) told of each fallback before it runs (torch_npu.doctor).
+# reason: "no_kernel", "dtype", "policy" or "kernel_error".
+_observers: List = []
+
+
+def _log_fallback(op: str, reason: str, line: str) -> None:
     if _logger.isEnabledFor(logging.DEBUG):
         _logger.debug(line)
+    for observer in _observers:
+        observer(op, reason)
 
 
 def _install() -> None:
