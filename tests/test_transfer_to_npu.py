@@ -32,6 +32,10 @@ with torch.cuda.stream(stream):
     z = x * 2
 torch.cuda.current_stream().wait_stream(stream)
 torch.testing.assert_close(z.cpu(), data * 2)
+gen = torch.Generator(device="cuda").manual_seed(3)
+assert gen.device.type == "npu" and isinstance(gen, torch.Generator) and isinstance(torch.default_generator, torch.Generator)
+picks = torch.randint(0, 100, (5,), device="cuda", generator=gen)
+assert torch.equal(picks, torch.randint(0, 100, (5,), device="npu", generator=torch.Generator("npu").manual_seed(3)))
 
 @torch.jit.script
 def scripted(t: torch.Tensor) -> torch.Tensor:

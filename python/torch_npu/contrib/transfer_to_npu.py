@@ -4,7 +4,7 @@ on the npu unchanged.
 After the import, ``"cuda"`` / ``"cuda:N"`` / ``torch.device("cuda")`` given as
 a device to factory functions, ``Tensor.to``, ``Module.to``, ``torch.load``'s
 ``map_location`` and the ``new_*`` methods mean the npu; ``.cuda()`` is
-``.npu()``; ``torch.cuda.*`` (devices, streams, events, memory, random) is
+``.npu()``; ``torch.Generator(device="cuda")`` is an npu generator; ``torch.cuda.*`` (devices, streams, events, memory, random) is
 ``torch.npu.*``; ``ProfilerActivity.CUDA`` asks torch.profiler for the npu.
 Code that inspects ``tensor.device.type`` sees ``"npu"``.
 """
@@ -69,6 +69,27 @@ def _redirect_torch_cuda():
             setattr(torch.cuda, name, getattr(torch.npu, name))
 
 
+class _GeneratorType(type(torch.Generator)):
+    # Every generator, however made, is still a torch.Generator to isinstance().
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, torch._C.Generator)
+
+    def __subclasscheck__(cls, sub):
+        return issubclass(sub, torch._C.Generator)
+
+
+class _Generator(torch._C.Generator, metaclass=_GeneratorType):
+    """torch.Generator(device="cuda") makes an npu generator."""
+
+    _transfer_to_npu = True
+
+    def __new__(cls, device="cpu"):
+        return super().__new__(cls, _to_npu(device))
+
+    def __init__(self, device="cpu"):
+        pass
+
+
 def _redirect_profiler_activities():
     original = torch.profiler.profile.__init__
     if getattr(original, "_transfer_to_npu", False):
@@ -95,6 +116,8 @@ def apply():
     if not getattr(torch.Tensor.cuda, "_transfer_to_npu", False):
         torch.Tensor.cuda = _cuda_method(torch.Tensor.npu)
         torch.nn.Module.cuda = _cuda_method(torch.nn.Module.npu)
+    if not getattr(torch.Generator, "_transfer_to_npu", False):
+        torch.Generator = _Generator
     _redirect_torch_cuda()
     _redirect_profiler_activities()
 

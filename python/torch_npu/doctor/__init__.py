@@ -1,0 +1,209 @@
+"""``torch_npu doctor``: run a model on the npu and get a report of what to fix.
+
+From the shell, a script written for the CPU or CUDA runs unchanged on the npu::
+
+    python -m torch_npu.doctor train.py --epochs 1          # or: torch_npu-doctor train.py ...
+    python -m torch_npu.doctor --html report.html --json report.json train.py
+
+In code::
+
+    with torch_npu.doctor.Doctor() as d:
+        for batch in loader:
+            ...
+            optimizer.step()          # each optimizer step is one iteration
+    print(d.report())
+    for finding in d.findings:
+        print(finding.kind, finding.where, finding.remedy)
+
+Each finding names its kind (CPU fallback, host-to-device copy, hidden sync,
+launch-bound line, strided copy, float64, memory growth, wrong result), how often
+it happened, what it cost, the user's source line and what to change.
+``Doctor(compare=True)`` also runs every npu op on the cpu and reports the ops
+whose results differ.
+"""
+import functools
+import sys
+import time
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from .. import fallback as _fallback
+from . import _findings, _monitor
+from ._compare import Comparator
+from ._findings import KINDS, Finding
+from ._report import Report, Run
+
+__all__ = ["Doctor", "Finding", "Report", "KINDS"]
+
+
+class Doctor:
+    """Watches the npu work of the code run inside it (a context manager).
+
+    compare:  run every npu op on the cpu too and report results that differ (slow).
+    profile:  profile three iterations with torch_npu.profiler for host vs device time per op.
+    progress: keep a progress line on stderr (steps, ops, elapsed).
+    script:   the name shown in the report's header.
+    """
+
+    def __init__(self, compare=False, profile=True, progress=False, script=None):
+        self.compare, self.profile, self.progress = compare, profile, progress
+        self.script = script or (sys.argv[0] if sys.argv and sys.argv[0] else "<python>")
+        self.findings = []
+        self.run = None
+        self._active = False
+
+    # ---- the context manager ----
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.stop(error=exc)
+        return False
+
+    def start(self):
+        if self._active:
+            raise RuntimeError("torch_npu.doctor: this Doctor is already running")
+        torch.npu.init()
+        self._active = True
+        self._undo = []
+        self._stats_before = _fallback.NPUFallbackMode.get_fallback_stats()
+        self._comparator = Comparator() if self.compare else None
+        self.monitor = _monitor.Monitor(self._comparator)
+        self._profiler = None
+        try:
+            self._undo.append(_monitor.install_fallback_observer(self.monitor))
+            self._watch_steps()
+            self._watch_host_syncs()
+            self._profiler = self._start_profiler() if self.profile else None
+        except BaseException:
+            self._active = False
+            for undo in reversed(self._undo):
+                undo()
+            raise
+        self._sampler = _monitor.Sampler(self.monitor, self.progress)
+        self._sampler.start()
+        self._wall_start = time.perf_counter()
+        self.monitor.__enter__()
+
+    def step(self):
+        """Marks the end of one iteration (optimizer steps do this by themselves)."""
+        self.monitor.on_step()
+        if self._profiler is not None:
+            self._profiler.step()
+
+    def stop(self, error=None):
+        if not self._active:
+            return
+        self.monitor.__exit__(None, None, None)
+        self._active = False
+        device_error = None
+        try:
+            torch.npu.synchronize()   # an error of queued npu work surfaces here
+        except Exception as e:  # noqa: BLE001  reported, not raised: the report must survive it
+            device_error = e
+        wall = time.perf_counter() - self._wall_start
+        for undo in reversed(self._undo):
+            undo()
+        self._sampler.stop()
+        profile = self._stop_profiler()
+        stats_after = _fallback.NPUFallbackMode.get_fallback_stats()
+        self.run = Run.collect(self, wall, stats_after, profile, error or device_error)
+        self.findings = _findings.diagnose(self.run)
+        self.run.findings = self.findings
+
+    def report(self) -> Report:
+        """The report of the finished run: str() it, or .to_json(path) / .to_html(path)."""
+        if self.run is None:
+            raise RuntimeError("torch_npu.doctor: the report exists once the Doctor has stopped "
+                               "(leave the `with` block first)")
+        return Report(self.run)
+
+    # ---- what the dispatch mode cannot see ----
+
+    def _watch_steps(self):
+        first = []
+
+        def after_step(optimizer, args, kwargs):
+            # Several optimizers (a GAN) step once each per iteration: count the first one's steps.
+            if not first:
+                first.append(id(optimizer))
+            if id(optimizer) == first[0]:
+                self.step()
+
+        handle = register_optimizer_step_post_hook(after_step)
+        self._undo.append(handle.remove)
+
+    def _patch(self, owner, name, wrapper):
+        original = getattr(owner, name)
+        own = name in vars(owner)   # else inherited: undo by deleting the patch
+        setattr(owner, name, wrapper(original))
+        self._undo.append(lambda: setattr(owner, name, original) if own else delattr(owner, name))
+        return original
+
+    def _watch_host_syncs(self):
+        monitor = self.monitor
+
+        def counted(kind):
+            def wrap(fn):
+                @functools.wraps(fn)
+                def waits(*args, **kwargs):
+                    caller = sys._getframe(1)
+                    if _monitor._is_internal(caller.f_code.co_filename):   # torch's own, the profiler's
+                        return fn(*args, **kwargs)
+                    start = time.perf_counter_ns()
+                    try:
+                        return fn(*args, **kwargs)
+                    finally:
+                        monitor.on_host_sync(kind, caller, 0, time.perf_counter_ns() - start)
+                return waits
+            return wrap
+
+        npu = torch.npu
+        original = self._patch(npu, "synchronize", counted("synchronize"))
+        if getattr(torch.cuda, "synchronize", None) is original:   # transfer_to_npu made it torch.npu's
+            self._patch(torch.cuda, "synchronize", lambda fn: npu.synchronize)
+        self._patch(npu.Stream, "synchronize", counted("synchronize"))
+        self._patch(npu.Event, "synchronize", counted("synchronize"))
+
+        def watch_repr(fn):
+            @functools.wraps(fn)
+            def __repr__(tensor, *args, **kwargs):
+                if tensor.device.type == "npu":   # printing reads the values: waits for the npu
+                    monitor.on_host_sync("print", sys._getframe(1), tensor.numel() * tensor.element_size())
+                return fn(tensor, *args, **kwargs)
+            return __repr__
+
+        self._patch(torch.Tensor, "__repr__", watch_repr)
+
+    # ---- the profiler window ----
+
+    def _start_profiler(self):
+        from .. import profiler
+        prof = profiler.profile(activities=[profiler.ProfilerActivity.CPU, profiler.ProfilerActivity.NPU],
+                                schedule=profiler.schedule(wait=1, warmup=1, active=3, repeat=1))
+        prof.start()
+        return prof
+
+    def _stop_profiler(self):
+        """Host and device time per op of the profiled steps, and the profiler's analysis."""
+        prof = self._profiler
+        if prof is None:
+            return None
+        try:
+            prof.stop()
+            if prof.step_num < 3:   # the window (steps 2-4) never opened
+                return None
+            from ..profiler import analyse
+            per_op = {}
+            for event in prof.key_averages():
+                if "::" not in event.key:
+                    continue
+                host, device, count = per_op.get(event.key, (0.0, 0.0, 0))
+                per_op[event.key] = (host + event.self_cpu_time_total, device + event.self_device_time_total,
+                                     max(count, event.count))
+            return {"steps": min(prof.step_num - 2, 3), "per_op_us": per_op, "analysis": analyse(prof)}
+        except Exception as e:  # noqa: BLE001  a profiler problem must not cost the report
+            return {"error": f"{type(e).__name__}: {e}"}

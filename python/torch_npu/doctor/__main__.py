@@ -1,0 +1,93 @@
+"""python -m torch_npu.doctor [options] SCRIPT.py [args...]  (also: torch_npu-doctor, torch_npu doctor)
+
+Runs SCRIPT on the npu and prints a report of what to fix."""
+import argparse
+import os
+import runpy
+import sys
+import traceback
+
+
+def _parser(prog):
+    p = argparse.ArgumentParser(
+        prog=prog, description="Run a PyTorch script on the npu and report what to fix: CPU fallbacks, "
+        "host/device copies and syncs in loops, launch-bound lines, strided copies, float64, memory growth.")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with plots")
+    p.add_argument("--json", metavar="FILE", help="also write the findings as JSON (schema torch_npu.doctor/1)")
+    p.add_argument("--compare", action="store_true",
+                   help="run every npu op on the cpu too and report results that differ (slow)")
+    p.add_argument("--no-transfer", dest="transfer", action="store_false",
+                   help="do not import torch_npu.contrib.transfer_to_npu (which makes 'cuda' mean the npu)")
+    p.add_argument("--no-profile", dest="profile", action="store_false",
+                   help="do not profile three iterations with torch_npu.profiler")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress line on stderr")
+    p.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name, as python -m")
+    p.add_argument("script", metavar="SCRIPT", help="the Python script (or module with -m) to run")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    return p
+
+
+def _run_script(options):
+    """Runs the script as __main__; returns the exception that ended it, if any."""
+    sys.argv = [options.script] + options.args
+    if not options.module:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(options.script)))
+    try:
+        if options.module:
+            runpy.run_module(options.script, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(options.script, run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            return e
+    except Exception as e:  # noqa: BLE001  the report still comes, with the error in it
+        traceback.print_exc()
+        return e
+    return None
+
+
+def main(argv=None, prog="python -m torch_npu.doctor"):
+    options = _parser(prog).parse_args(argv)
+    if not options.module and not os.path.isfile(options.script):
+        print(f"{prog}: no such script: {options.script}", file=sys.stderr)
+        return 2
+    import torch_npu  # noqa: F401  (the npu device)
+    if options.transfer:
+        import torch_npu.contrib.transfer_to_npu  # noqa: F401
+    from . import Doctor
+
+    doctor = Doctor(compare=options.compare, profile=options.profile, progress=options.progress,
+                    script=options.script)
+    with doctor:
+        error = _run_script(options)
+    if error is not None and doctor.run.error is None:
+        doctor.run.error = f"{type(error).__name__}: {error}"
+    report = doctor.report()
+    print(report, flush=True)
+    if options.json:
+        report.to_json(options.json)
+        print(f"\nJSON report: {options.json}")
+    if options.html:
+        report.to_html(options.html)
+        print(f"\nHTML report: {os.path.abspath(options.html)}")
+    return 1 if error is not None else 0
+
+
+def console_main():
+    """The ``torch_npu-doctor`` console script."""
+    sys.exit(main(prog="torch_npu-doctor"))
+
+
+def cli_main():
+    """The ``torch_npu`` console script: ``torch_npu doctor SCRIPT ...``."""
+    argv = sys.argv[1:]
+    if not argv or argv[0] in ("-h", "--help") or argv[0] != "doctor":
+        print("usage: torch_npu doctor [options] SCRIPT.py [args...]\n\n"
+              "commands:\n  doctor    run a script on the npu and report what to fix "
+              "(torch_npu doctor --help)", file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
+        sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
+    sys.exit(main(argv[1:], prog="torch_npu doctor"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""The doctor's report: text for the terminal, JSON for tools, HTML with plots.
+
+``Run`` is everything a finished run measured (what the rules read); ``Report``
+presents a run. The JSON follows ``report.schema.json`` (schema "torch_npu.doctor/1").
+"""
+import base64
+import datetime
+import io
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+
+SCHEMA = "torch_npu.doctor/1"
+SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report.schema.json")
+
+
+@dataclass
+class OpSummary:
+    op: str
+    calls: int
+    host_s: float            # time of the calls on the host, as the doctor saw them
+    fallbacks: int           # calls that ran on the CPU
+    profiled_host_us: Optional[float] = None     # in the profiled steps, per torch_npu.profiler
+    profiled_device_us: Optional[float] = None
+
+    @property
+    def backend(self):
+        if self.fallbacks >= self.calls:
+            return "cpu fallback"
+        if self.fallbacks:
+            return "npu + cpu fallback"
+        return "custom npu op" if not self.op.startswith("aten::") else "npu kernel"
+
+
+@dataclass
+class Run:
+    script: str
+    started: str
+    wall_s: float
+    device: str
+    steps: int
+    total_ops: int
+    op_ns: int
+    ops: List[OpSummary]
+    sites: list                      # _monitor.Site
+    fallback_stats: Dict[str, object]   # base op name -> fallback.OpFallbackStats of this run
+    memory: List[tuple]              # (seconds, allocated, reserved), sampled over time
+    step_memory: List[tuple]         # (step, seconds, allocated, reserved) after each step
+    peak_allocated: int
+    profile: Optional[dict]
+    compared: Optional[int]          # ops compared with the cpu (None without --compare)
+    mismatches: list
+    error: Optional[str]
+    findings: list = field(default_factory=list)
+
+    @classmethod
+    def collect(cls, doctor, wall, stats_after, profile, error):
+        monitor = doctor.monitor
+        before = doctor._stats_before.ops
+        delta = {}
+        for name, s in stats_after.ops.items():
+            b = before.get(name)
+            if b is None:
+                delta[name] = s
+            elif s.count > b.count:
+                delta[name] = type(s)(s.count - b.count, s.kernel_error_retries - b.kernel_error_retries,
+                                      s.seconds - b.seconds, s.bytes_to_cpu - b.bytes_to_cpu,
+                                      s.bytes_to_npu - b.bytes_to_npu)
+        profiled = (profile or {}).get("per_op_us", {})
+        ops = []
+        for op, calls in monitor.op_calls.items():
+            fell = delta.get(op.split(".")[0])
+            host_us, device_us, _ = profiled.get(op, (None, None, 0))
+            ops.append(OpSummary(op, calls, monitor.op_ns[op] / 1e9, min(calls, fell.count) if fell else 0,
+                                 host_us, device_us))
+        ops.sort(key=lambda o: -o.host_s)
+        comparator = doctor._comparator
+        mismatches = []
+        if comparator is not None:
+            for m in comparator.mismatches.values():
+                m.calls = comparator.calls.get(m.op, m.bad_calls)
+                mismatches.append(m)
+        try:
+            device = f"npu:{torch.npu.current_device()} ({torch.npu.get_device_name()})"
+            peak = torch.npu.max_memory_allocated()
+        except Exception:  # noqa: BLE001  a broken device still gets a report
+            device, peak = "npu", 0
+        samples = [m[1] for m in doctor._sampler.memory] + [m[2] for m in monitor.step_memory]
+        return cls(
+            script=doctor.script, started=datetime.datetime.now().isoformat(timespec="seconds"), wall_s=wall,
+            device=device, steps=monitor.step, total_ops=monitor.total_ops, op_ns=sum(monitor.op_ns.values()),
+            ops=ops, sites=list(monitor.sites.values()), fallback_stats=delta, memory=list(doctor._sampler.memory),
+            step_memory=list(monitor.step_memory), peak_allocated=max([peak] + samples),
+            profile=profile, compared=comparator.compared if comparator is not None else None,
+            mismatches=mismatches, error=None if error is None else f"{type(error).__name__}: {error}")
+
+    @property
+    def fallback_calls(self):
+        return sum(o.fallbacks for o in self.ops)
+
+
+def _size(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def _time(s):
+    return f"{s * 1e3:.1f} ms" if s < 10 else f"{s:.1f} s"
+
+
+class Report:
+    """A finished run presented: ``str(report)``, ``report.as_dict()``, ``.to_json(path)``, ``.to_html(path)``."""
+
+    def __init__(self, run: Run):
+        self.run = run
+
+    @property
+    def findings(self):
+        return self.run.findings
+
+    # ---- text ----
+
+    def header_lines(self):
+        r = self.run
+        native = 1 - r.fallback_calls / r.total_ops if r.total_ops else 1.0
+        lines = [f"torch_npu doctor: {r.script}",
+                 f"  ran {r.wall_s:.1f} s on {r.device}: {r.steps} optimizer steps, {r.total_ops:,} npu ops "
+                 f"({len(r.ops)} distinct)",
+                 f"  {100 * native:.1f}% of op calls ran npu kernels, {r.fallback_calls:,} fell back to the CPU; "
+                 f"peak npu memory {_size(r.peak_allocated)}"]
+        if r.error:
+            lines.append(f"  the script stopped with {r.error}")
+        return lines
+
+    def __str__(self):
+        r = self.run
+        lines = self.header_lines() + [""]
+        if not r.findings:
+            lines.append("No problems found: no CPU fallbacks, copies or syncs in the loop, launch-bound lines, "
+                         "float64 or memory growth.")
+        else:
+            lines.append(f"{len(r.findings)} finding{'s' if len(r.findings) > 1 else ''}, costliest first:")
+            for i, f in enumerate(r.findings, 1):
+                lines += ["", f"{i}. [{f.kind}] {f.title}", f"   at {f.where}" + (f"    {f.code}" if f.code else "")]
+                cost = [f"{_time(f.seconds)}" if f.seconds else "", _size(f.bytes) if f.bytes else ""]
+                cost = ", ".join(c for c in cost if c)
+                if cost:
+                    lines.append(f"   cost: {cost}")
+                if f.other_locations:
+                    lines.append("   also at: " + ", ".join(f"{os.path.basename(p)}:{n}" for p, n in
+                                                           f.other_locations[:5]))
+                lines.append(f"   fix: {f.remedy}")
+        lines += ["", self.ops_table()]
+        profile = r.profile
+        if profile and "analysis" in profile:
+            lines += ["", f"Profile of {profile['steps']} steps (torch_npu.profiler):", str(profile["analysis"])]
+        elif profile and "error" in profile:
+            lines += ["", f"The profiler failed: {profile['error']}"]
+        if r.compared is not None:
+            lines += ["", f"--compare: {r.compared:,} npu op calls compared with the cpu; "
+                          f"{len(r.mismatches)} op{'s' if len(r.mismatches) != 1 else ''} differ"]
+        return "\n".join(lines)
+
+    def ops_table(self, k=12):
+        rows = [f"Top npu ops by host time ({len(self.run.ops)} distinct):",
+                f"  {'op':<36} {'calls':>8} {'host ms':>9} {'device us*':>10}  backend"]
+        for o in self.run.ops[:k]:
+            device = f"{o.profiled_device_us:.0f}" if o.profiled_device_us is not None else "-"
+            rows.append(f"  {o.op[:36]:<36} {o.calls:>8} {o.host_s * 1e3:>9.2f} {device:>10}  {o.backend}")
+        if any(o.profiled_device_us is not None for o in self.run.ops):
+            rows.append("  * device time in the profiled steps")
+        return "\n".join(rows)
+
+    # ---- data ----
+
+    def as_dict(self):
+        r = self.run
+        return {
+            "schema": SCHEMA,
+            "script": r.script,
+            "started": r.started,
+            "device": r.device,
+            "wall_s": r.wall_s,
+            "steps": r.steps,
+            "npu_ops": r.total_ops,
+            "fallback_calls": r.fallback_calls,
+            "peak_allocated_bytes": r.peak_allocated,
+            "error": r.error,
+            "findings": [f.as_dict() for f in r.findings],
+            "ops": [{"op": o.op, "calls": o.calls, "host_s": o.host_s, "fallbacks": o.fallbacks,
+                     "backend": o.backend, "profiled_host_us": o.profiled_host_us,
+                     "profiled_device_us": o.profiled_device_us} for o in r.ops],
+            "fallbacks": {op: {"count": s.count, "seconds": s.seconds, "bytes_copied": s.bytes_copied}
+                          for op, s in r.fallback_stats.items()},
+            "memory": [{"t": t, "allocated": a, "reserved": rv} for t, a, rv in r.memory],
+            "step_memory": [{"step": n, "t": t, "allocated": a, "reserved": rv} for n, t, a, rv in r.step_memory],
+            "profile": None if not r.profile or "analysis" not in r.profile else _analysis_dict(r.profile),
+            "compare": None if r.compared is None else {"compared": r.compared, "mismatches": [
+                {"op": m.op, "bad_calls": m.bad_calls, "calls": m.calls, "max_abs_diff": m.max_abs_diff,
+                 "dtype": m.dtype, "inputs": m.inputs} for m in r.mismatches]},
+        }
+
+    def to_json(self, path):
+        with open(path, "w") as f:
+            json.dump(_finite(self.as_dict()), f, indent=1, default=str)
+
+    # ---- html ----
+
+    def to_html(self, path):
+        from . import _html
+        with open(path, "w") as f:
+            f.write(_html.render(self))
+
+
+def _analysis_dict(profile):
+    a = profile["analysis"]
+    return {"steps": profile["steps"], "wall_us": a.wall_us, "device_busy_us": a.device_busy_us,
+            "device_idle_us": a.device_idle_us, "host_wait_us": a.host_wait_us, "bound": a.bound,
+            "kernels": a.kernels, "short_kernels": a.short_kernels, "launch_bound": a.launch_bound}
+
+
+def _finite(value):
+    """JSON has no inf or nan: they become null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def png_base64(figure):
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
