@@ -23,7 +23,11 @@ $(VENV)/.deps:
 	$(PIP) install -q --upgrade pip
 	# torch 2.13.0 (CPU build) first, pinned, so nothing pulls another torch.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q "numpy<3" pytest expecttest
+	# The rest under a constraint that pins torch, so no dependency can replace it:
+	# the doctor's plots (matplotlib) and the tests' checks (jsonschema), the
+	# digits data set of examples/cnn_digits.py (scikit-learn).
+	echo "torch==2.13.0" > $(VENV)/constraints.txt
+	$(PIP) install -q -c $(VENV)/constraints.txt "numpy<3" pytest expecttest matplotlib jsonschema scikit-learn
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.deps setup.py pyproject.toml | system-deps
@@ -34,8 +38,9 @@ $(VENV)/.installed: $(VENV)/.deps setup.py pyproject.toml | system-deps
 build: $(VENV)/.installed
 	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) setup.py -q build_ext --inplace
 
+# The main job: the doctor runs the transformer example on the npu and reports.
 demo: build
-	$(PY) examples/demo.py
+	$(PY) -m torch_npu.doctor --html doctor-report.html examples/train_lm.py
 
 runtime-test: system-deps
 	cmake -S csrc/runtime -B build/runtime -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null

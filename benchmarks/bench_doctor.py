@@ -1,0 +1,53 @@
+"""What the doctor costs: examples/train_lm.py on the npu, run plainly and under
+``torch_npu.doctor.Doctor`` (as ``python -m torch_npu.doctor`` runs it: profiled
+window included), and with ``--compare``. Ratios of wall times in one run,
+interleaved so the machine's noise hits each alike; target: the doctor at most
+2x of a plain run (``--compare`` is slower by design: every op runs twice).
+
+    python benchmarks/bench_doctor.py [--quick]
+"""
+import argparse
+import contextlib
+import io
+import os
+import runpy
+import time
+
+import torch
+
+import torch_npu
+from torch_npu.doctor import Doctor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+train_lm = runpy.run_path(os.path.join(HERE, "..", "examples", "train_lm.py"))["main"]
+
+
+def wall(steps, context):
+    with contextlib.redirect_stdout(io.StringIO()), context():
+        start = time.perf_counter()
+        train_lm(["--device", "npu", "--steps", str(steps), "--log-every", str(steps)])
+        torch.npu.synchronize()
+        return time.perf_counter() - start
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer steps and repeats")
+    args, _ = parser.parse_known_args(argv)
+    steps, repeats = (40, 2) if args.quick else (150, 3)
+    modes = {"plain": contextlib.nullcontext, "doctor": Doctor,
+             "doctor --compare": lambda: Doctor(compare=True, profile=False)}
+    wall(5, contextlib.nullcontext)  # warm up
+    best = {name: float("inf") for name in modes}
+    for _ in range(repeats):
+        for name, context in modes.items():
+            best[name] = min(best[name], wall(steps, context))
+    print(f"Doctor overhead: examples/train_lm.py, {steps} training steps on the npu")
+    print(f"  plain run          {best['plain']:7.2f} s")
+    print(f"  doctor             {best['doctor']:7.2f} s  ({best['doctor'] / best['plain']:.2f}x; target <= 2x)")
+    print(f"  doctor --compare   {best['doctor --compare']:7.2f} s  "
+          f"({best['doctor --compare'] / best['plain']:.2f}x; every op also runs on the cpu)")
+
+
+if __name__ == "__main__":
+    main()
