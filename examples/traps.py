@@ -39,8 +39,9 @@ def main(argv=None):
     class_weights = torch.tensor([1.0, 2.0, 1.0, 0.5])     # a cpu constant
     x = torch.randn(64, 32, device=device)
     y = torch.randint(0, 4, (64,), device=device)
-    grid = torch.randn(512, 256, device=device)
-    trend = torch.zeros(512, device=device)
+    table = torch.randn(1024, 512, device=device)     # never changes
+    buffer = torch.randn(2048, 512, device=device)
+    trend = torch.zeros(1024, device=device)
     kept = []
     # The op policy stands for any op the npu cannot run (forced here, so the trap
     # does not depend on which kernels exist).
@@ -62,8 +63,8 @@ def main(argv=None):
         accuracy += (logits.argmax(1) == y).double().mean()                 # TRAP: float64
         noise = torch.erfinv(torch.rand(64, device=device) * 1.8 - 0.9)     # TRAP: cpu_fallback
         kept.append(model(x + noise[:, None]).detach() * 1.0)               # TRAP: memory_growth
-        columns = grid.t().contiguous()                                     # TRAP: strided_copy
-        grid[:, ::2].mul_(0.99)                                             # TRAP: strided_copy
+        columns = table.t().contiguous()                                    # TRAP: strided_copy
+        buffer[:, ::2].mul_(0.99)                                           # TRAP: strided_copy
         trend = 0.9 * trend + 0.1 * columns[0]
         torch.cuda.synchronize()                                            # TRAP: hidden_sync
 

@@ -172,6 +172,20 @@ def test_script_that_fails_still_gets_its_report(tmp_path):
     assert "broken.py:4" in result.stdout and "[hidden_sync]" in result.stdout
 
 
+def test_interrupted_script_that_changed_directory_gets_its_report(tmp_path):
+    script = tmp_path / "interrupted.py"
+    script.write_text("import os, torch\nos.chdir('/')\nx = torch.ones(3, device='cuda')\n"
+                      "for _ in range(12):\n    x.sum().item()\nraise KeyboardInterrupt\n")
+    result = doctor_cli("--no-profile", "--json", "interrupted.json", str(script), timeout=300)
+    assert result.returncode == 130 and "interrupted" in result.stderr
+    with open(os.path.join(ROOT, "interrupted.json")) as f:   # named from where the doctor started
+        report = json.load(f)
+    os.remove(os.path.join(ROOT, "interrupted.json"))
+    assert report["error"] == "KeyboardInterrupt"
+    [f] = report["findings"]
+    assert f["file"] == str(script) and f["line"] == 5 and f["code"] == "x.sum().item()"
+
+
 def test_cli_errors_are_clear():
     result = doctor_cli("no/such/script.py")
     assert result.returncode == 2 and "no such script: no/such/script.py" in result.stderr
@@ -232,6 +246,28 @@ def test_print_and_shape_syncs_and_steps_marked_by_hand(capsys):
     assert d.run.steps == 24
 
 
+def test_each_kind_of_host_read_is_named():
+    x = torch.arange(6.0, device="npu")
+
+    def reads():
+        for _ in range(12):
+            a = x.sum().item()
+            b = x.cpu()
+            c = x.tolist()
+            if x.max() > 2:
+                pass
+            d.step()
+
+    with Doctor(profile=False) as d:
+        reads()
+    titles = {f.line: f.title for f in d.findings if f.kind == "hidden_sync"}
+    assert set(titles) == {_line_of(reads, text) for text in ("item()", "cpu()", "tolist()", "if x.max()")}, titles
+    assert titles[_line_of(reads, "if x.max()")].startswith("a Python number or bool()")
+    assert titles[_line_of(reads, "cpu()")].startswith(".cpu() waits")
+    [cpu] = [f for f in d.findings if f.line == _line_of(reads, "cpu()")]
+    assert cpu.bytes == 12 * 6 * 4
+
+
 def test_float64_from_numpy_is_found_where_it_enters():
     np = pytest.importorskip("numpy")
     data = np.linspace(0, 1, 32)               # numpy: float64
@@ -247,6 +283,82 @@ def test_float64_from_numpy_is_found_where_it_enters():
     assert f.line == _line_of(run, "torch.from_numpy") and f.count >= 9
 
 
+class Block(torch.nn.Module):
+    """Attention-like reshapes: views and permutes on every line, once per layer."""
+
+    def __init__(self, width=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.out = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        y = torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
+        return x + self.out(y.transpose(1, 2).reshape(b, t, c))
+
+
+def test_a_clean_loop_with_dataloader_accumulation_and_eval_reports_nothing():
+    from torch.utils.data import DataLoader, Dataset
+
+    class Pairs(Dataset):
+        def __init__(self, n, seed):
+            g = torch.Generator().manual_seed(seed)
+            self.x, self.y = torch.randn(n, 6, 16, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            return {"x": self.x[i], "y": self.y[i], "mask": torch.ones(6, dtype=torch.bool)}
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[Block() for _ in range(12)]).npu()
+    head = torch.nn.Linear(16, 4).npu()
+    params = list(model.parameters()) + list(head.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-3)
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, 4)
+    train = DataLoader(Pairs(64, 0), batch_size=4, shuffle=True)
+    val = DataLoader(Pairs(8, 1), batch_size=4)
+    losses = []
+    with Doctor(profile=False) as d:
+        for i, batch in enumerate(train):
+            batch = {k: v.to("npu", non_blocking=True) for k, v in batch.items()}
+            h = model(batch["x"]).masked_fill(~batch["mask"][..., None], 0).mean(1)
+            loss = torch.nn.functional.cross_entropy(head(h), batch["y"]) / 2
+            loss.backward()
+            if i % 2 == 1:                                   # gradient accumulation over two batches
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                optimizer.step()
+                schedule.step()
+                optimizer.zero_grad(set_to_none=True)
+            if i % 8 == 7:                                   # a periodic evaluation and a logged loss
+                losses.append(loss.item())
+                with torch.no_grad():
+                    correct = sum((head(model(b["x"].npu()).mean(1)).argmax(1) == b["y"].npu()).sum()
+                                  for b in val)
+                losses.append(correct.item())
+    assert d.run.steps == 8 and d.run.total_ops > 1000
+    assert d.findings == [], [(f.kind, f.line, f.title) for f in d.findings]
+
+
+def test_sparse_copies_and_overloaded_fallbacks():
+    dense = torch.eye(3)
+    torch_npu.NPUFallbackMode.set_op_fallback("mul", "cpu")
+    try:
+        with Doctor(profile=False) as d:
+            for _ in range(12):
+                sparse = dense.to_sparse().to("npu")
+                scaled = torch.ones(3, device="npu").mul(torch.full((3,), 2.0, device="npu"))
+    finally:
+        torch_npu.NPUFallbackMode.set_op_fallback("mul", "default")
+    assert sparse.is_sparse and scaled.device.type == "npu"
+    [f] = [f for f in d.findings if f.kind == "cpu_fallback"]
+    assert f.details["op"] == "aten::mul.Tensor" and f.count == 12 and f.seconds > 0 and f.bytes > 0
+    assert d.run.fallback_calls == 12 and "12 fell back to the CPU" in str(d.report())
+
+
 @pytest.fixture(scope="module")
 def wrong_npu_kernel():
     """doctor_test::scaled: x * 2 on the cpu; its npu kernel is made wrong on purpose."""
@@ -254,6 +366,9 @@ def wrong_npu_kernel():
     lib.define("scaled(Tensor x) -> Tensor")
     lib.impl("scaled", lambda x: x * 2, "CPU")
     lib.impl("scaled", lambda x: x * 2 + (x > 0.5).to(x.dtype) * 1e-2, "PrivateUse1")
+    lib.define("scaled_into(Tensor x, *, Tensor(a!) out) -> Tensor(a!)")
+    lib.impl("scaled_into", lambda x, *, out: out.copy_(x * 2), "CPU")
+    lib.impl("scaled_into", lambda x, *, out: out.copy_(x * 3), "PrivateUse1")
     yield torch.ops.doctor_test.scaled
     lib._destroy()
 
@@ -273,6 +388,14 @@ def test_compare_catches_a_wrong_npu_kernel(wrong_npu_kernel):
     assert d.findings[0] is f                  # wrong results come first
     assert d.run.compared >= 3 and len(d.run.mismatches) == 1
     assert "1 op differ" in str(d.report())
+
+
+def test_compare_checks_out_arguments(wrong_npu_kernel):
+    x, out = torch.rand(8, device="npu"), torch.empty(8, device="npu")
+    with Doctor(compare=True, profile=False) as d:
+        torch.ops.doctor_test.scaled_into(x, out=out)
+    [m] = d.run.mismatches
+    assert m.op == "doctor_test::scaled_into" and m.bad_calls == 1
 
 
 def test_compare_passes_correct_kernels():

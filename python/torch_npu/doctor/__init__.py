@@ -24,6 +24,7 @@ whose results differ.
 import functools
 import sys
 import time
+import weakref
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -97,18 +98,25 @@ class Doctor:
     def stop(self, error=None):
         if not self._active:
             return
-        self.monitor.__exit__(None, None, None)
         self._active = False
         device_error = None
         try:
-            torch.npu.synchronize()   # an error of queued npu work surfaces here
-        except Exception as e:  # noqa: BLE001  reported, not raised: the report must survive it
-            device_error = e
-        wall = time.perf_counter() - self._wall_start
-        for undo in reversed(self._undo):
-            undo()
-        self._sampler.stop()
-        profile = self._stop_profiler()
+            self.monitor.__exit__(None, None, None)
+            try:
+                torch.npu.synchronize()   # an error of queued npu work surfaces here
+            except Exception as e:  # noqa: BLE001  reported, not raised: the report must survive it
+                device_error = e
+            wall = time.perf_counter() - self._wall_start
+        finally:
+            # Whatever happens, the process is left as it was found.
+            for undo in reversed(self._undo):
+                try:
+                    undo()
+                except Exception:  # noqa: BLE001  one failed undo must not leave the others installed
+                    pass
+            self.monitor.release_frames()
+            self._sampler.stop()
+            profile = self._stop_profiler()
         stats_after = _fallback.NPUFallbackMode.get_fallback_stats()
         self.run = Run.collect(self, wall, stats_after, profile, error or device_error)
         self.findings = _findings.diagnose(self.run)
@@ -124,13 +132,14 @@ class Doctor:
     # ---- what the dispatch mode cannot see ----
 
     def _watch_steps(self):
-        first = []
+        counted = [lambda: None]   # a weak reference to the optimizer whose steps are counted
 
         def after_step(optimizer, args, kwargs):
-            # Several optimizers (a GAN) step once each per iteration: count the first one's steps.
-            if not first:
-                first.append(id(optimizer))
-            if id(optimizer) == first[0]:
+            # Several optimizers (a GAN) step once each per iteration: count one of them,
+            # the first, until it is gone (a new optimizer per fold takes over).
+            if counted[0]() is None:
+                counted[0] = weakref.ref(optimizer)
+            if counted[0]() is optimizer:
                 self.step()
 
         handle = register_optimizer_step_post_hook(after_step)

@@ -29,17 +29,22 @@ def _parser(prog):
 
 def _run_script(options):
     """Runs the script as __main__; returns the exception that ended it, if any."""
-    sys.argv = [options.script] + options.args
+    # As python does: an absolute __file__, the script's folder first on sys.path.
+    path = options.script if options.module else os.path.abspath(options.script)
+    sys.argv = [path] + options.args
     if not options.module:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(options.script)))
+        sys.path.insert(0, os.path.dirname(path))
     try:
         if options.module:
-            runpy.run_module(options.script, run_name="__main__", alter_sys=True)
+            runpy.run_module(path, run_name="__main__", alter_sys=True)
         else:
-            runpy.run_path(options.script, run_name="__main__")
+            runpy.run_path(path, run_name="__main__")
     except SystemExit as e:
         if e.code not in (None, 0):
             return e
+    except KeyboardInterrupt as e:   # stopped by hand: a report of what ran so far
+        print("\n[torch_npu doctor] interrupted: the report covers what ran until now", file=sys.stderr)
+        return e
     except Exception as e:  # noqa: BLE001  the report still comes, with the error in it
         traceback.print_exc()
         return e
@@ -51,6 +56,9 @@ def main(argv=None, prog="python -m torch_npu.doctor"):
     if not options.module and not os.path.isfile(options.script):
         print(f"{prog}: no such script: {options.script}", file=sys.stderr)
         return 2
+    # Outputs are named from where the doctor started, whatever the script does with its cwd.
+    options.json = os.path.abspath(options.json) if options.json else None
+    options.html = os.path.abspath(options.html) if options.html else None
     import torch_npu  # noqa: F401  (the npu device)
     if options.transfer:
         import torch_npu.contrib.transfer_to_npu  # noqa: F401
@@ -61,7 +69,7 @@ def main(argv=None, prog="python -m torch_npu.doctor"):
     with doctor:
         error = _run_script(options)
     if error is not None and doctor.run.error is None:
-        doctor.run.error = f"{type(error).__name__}: {error}"
+        doctor.run.error = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
     report = doctor.report()
     print(report, flush=True)
     if options.json:
@@ -70,6 +78,8 @@ def main(argv=None, prog="python -m torch_npu.doctor"):
     if options.html:
         report.to_html(options.html)
         print(f"\nHTML report: {os.path.abspath(options.html)}")
+    if isinstance(error, KeyboardInterrupt):
+        return 130
     return 1 if error is not None else 0
 
 

@@ -8,6 +8,7 @@ read with ``.item()`` every few steps, a model whose ops come from inside
 should not.
 """
 import linecache
+import os
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Tuple
 
@@ -17,9 +18,11 @@ _MIN_STEPS = 4            # fewer optimizer steps than this: judge by totals ins
 _MIN_LOOP_CALLS = 10      # ... at least this many times on one line
 _TINY_OP_NS = 50_000      # launch-bound: ops shorter than this on average,
 _TINY_OPS_PER_STEP = 32   # ... at least this many from one line per step,
-_TINY_OPS_TOTAL = 512     # ... or in all when there are no steps
-_STRIDED_SHARE = 0.01     # strided copies worth a finding: this share of the npu op time,
-_STRIDED_BYTES = 1 << 18  # ... or copies this large on average (a small index tensor is not)
+_TINY_OPS_TOTAL = 512     # ... or in all when there are no steps,
+_TINY_OPS_PER_CALL = 32   # ... and this many in one execution of the function (a loop, not layers)
+_TINY_COPIES_PER_STEP = 64   # host-to-device: this many copies per step from one line,
+_TINY_COPY_BYTES = 4096      # ... of at most this many bytes on average (element by element)
+_STRIDED_SHARE = 0.01     # strided copies worth a finding: this share of the npu op time
 _KEPT_STEPS = 3           # a line whose tensors from this many earlier steps are alive keeps them
 _GROWTH_SHARE = 0.75      # memory grows: in this share of the steps after the first
 
@@ -43,12 +46,18 @@ class Finding:
 
     @property
     def where(self):
-        return f"{self.file}:{self.line}" if self.file else "(no user source line)"
+        """file:line, relative to the working directory when under it."""
+        return f"{shown_path(self.file)}:{self.line}" if self.file else "(no user source line)"
 
     def as_dict(self):
         d = asdict(self)
         d["other_locations"] = [{"file": f, "line": n} for f, n in self.other_locations]
         return d
+
+
+def shown_path(path):
+    here = os.getcwd() + os.sep
+    return path[len(here):] if path.startswith(here) else path
 
 
 def _code(site):
@@ -112,16 +121,23 @@ def _copy_findings(run):
     for site in run.sites:
         if not site.h2d:
             continue
-        constant = site.h2d_repeats >= 3 and len(site.h2d_seen) <= 4
-        per_step = run.steps >= _MIN_STEPS and site.h2d >= 3 * run.steps
-        if not (constant or per_step):
+        # The same few host tensors copied again and again (a constant rebuilt in the loop),
+        constant = (site.h2d_repeats >= 3 and len(site.h2d_seen) <= 4
+                    and _in_loop(run.steps, site.h2d_steps, site.h2d))
+        # or many tiny copies per step (a tensor filled element by element from the host).
+        per_step = site.h2d / site.h2d_steps
+        tiny = per_step >= _TINY_COPIES_PER_STEP and site.h2d_bytes / site.h2d <= _TINY_COPY_BYTES
+        if not (constant or tiny):
             continue
-        what = (f"the same host data copied to the npu {site.h2d} times" if constant
-                else f"{site.h2d} host-to-npu copies ({site.h2d / run.steps:.0f} per step)")
-        remedy = ("create the tensor on the npu once, before the loop (or with device='npu'), and reuse it"
-                  if constant else
-                  "copy the data in one batch per step (torch.stack/cat on the host, then one .to('npu', "
-                  "non_blocking=True) from pinned memory), or keep it on the npu")
+        if constant:
+            what = f"the same host data copied to the npu {site.h2d} times"
+            made_here = "torch.tensor" in _code(site) or "device=" in _code(site)
+            remedy = ("build the tensor once, before the loop, and reuse it" if made_here else
+                      "create the tensor on the npu once, before the loop (or with device='npu'), and reuse it")
+        else:
+            what = f"{site.h2d} tiny host-to-npu copies ({per_step:.0f} per step)"
+            remedy = ("gather the values on the host and copy them in one tensor (torch.stack/cat, then one "
+                      ".to('npu', non_blocking=True) from pinned memory), or compute them on the npu")
         out.append(_finding("host_to_device_copy", what, site, site.h2d, site.h2d_ns / 1e9, site.h2d_bytes, remedy,
                             repeats=site.h2d_repeats))
     return out
@@ -166,7 +182,9 @@ def _sync_findings(run):
 def _launch_findings(run):
     out = []
     for site in run.sites:
-        if not site.direct_ops or site.direct_ns / site.direct_ops > _TINY_OP_NS:
+        if site.library or not site.direct_ops or site.direct_ns / site.direct_ops > _TINY_OP_NS:
+            continue
+        if site.most_ops_per_call < _TINY_OPS_PER_CALL:
             continue
         if run.steps >= _MIN_STEPS:
             many = site.direct_ops >= _TINY_OPS_PER_STEP * run.steps
@@ -189,18 +207,26 @@ def _strided_findings(run):
     out = []
     for site in run.sites:
         n = site.strided_copies + site.strided_writes
-        if not n or not _in_loop(run.steps, site.strided_steps, n):
+        if site.library or not n or not _in_loop(run.steps, site.strided_steps, n):
             continue
-        if site.strided_ns < _STRIDED_SHARE * run.op_ns and site.strided_bytes / n < _STRIDED_BYTES:
+        # A copy of a fresh view (attention's transpose + reshape) is the price of the layout;
+        # copying the same unchanged data again, or writing in place through a strided view, is not.
+        if site.strided_writes >= site.strided_copies:
+            worth = site.strided_ns >= _STRIDED_SHARE * run.op_ns
+        else:
+            worth = site.strided_repeats >= 3
+        if not worth:
             continue
         if site.strided_writes >= site.strided_copies:
             title = f"{site.strided_writes} in-place writes into non-contiguous views"
             remedy = ("an in-place op on a strided view runs element by element (or through a copy): write into "
                       "a contiguous tensor, or build the result out of place (torch.where, cat) and assign once")
         else:
-            title = f"{site.strided_copies} copies of non-contiguous tensors (.contiguous() of a view)"
-            remedy = ("the view (transpose, permute, slicing with a step) is copied to a contiguous layout every "
-                      "time: keep the data in the layout the op needs, or do the transpose once outside the loop")
+            title = (f"{site.strided_copies} copies of non-contiguous views, {site.strided_repeats} of them of "
+                     f"data unchanged since the last copy")
+            remedy = ("the same view (transpose, permute, slicing with a step) of unchanged data is copied to a "
+                      "contiguous layout again and again: make the contiguous copy once, outside the loop, and "
+                      "reuse it")
         out.append(_finding("strided_copy", title, site, n, site.strided_ns / 1e9, site.strided_bytes, remedy,
                             copies=site.strided_copies, writes=site.strided_writes))
     return out
@@ -218,8 +244,9 @@ def _float64_findings(run):
     fallbacks = sum(n for s in run.sites for (_, reason), n in s.fallbacks.items() if reason == "float64")
     title = f"float64 tensors on the npu: {count} ops" + (f", {fallbacks} of them on the CPU" if fallbacks else "")
     return [_finding("float64", title, first, count, seconds, 0,
-                     "the npu has no float64 kernels: use float32 (torch.float32, .float()); numpy arrays are "
-                     "float64 by default, so convert them with torch.from_numpy(a).float() before .to('npu')",
+                     "most float64 ops have no npu kernel and run on the CPU (and NPUs compute float64 slowly "
+                     "or not at all): use float32 (torch.float32, .float()); numpy arrays are float64 by "
+                     "default, so convert them with torch.from_numpy(a).float() before .to('npu')",
                      made[1:] + [s for s in used if s not in made and s is not first][:5], fallbacks=fallbacks)]
 
 

@@ -31,14 +31,19 @@ _STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
 # an op that comes through only these was called directly by that line.
 _PLUMBING = tuple(os.path.join(_TORCH_DIR, p) for p in (
     "_dynamo/eval_frame.py", "_compile.py", "utils/_python_dispatch.py", "_tensor.py", "functional.py",
-    "overrides.py", "_jit_internal.py", "utils/_device.py")) + (os.path.join(_NPU_DIR, "contrib"),
-                                                              os.path.join(_NPU_DIR, "doctor"))
+    "nn/functional.py", "overrides.py", "_jit_internal.py", "utils/_device.py")) + (
+    os.path.join(_NPU_DIR, "contrib"), os.path.join(_NPU_DIR, "doctor"))
 
 
 def _is_internal(filename):
     if filename.startswith(_TORCH_DIR) or filename.startswith(_NPU_DIR) or filename.startswith("<frozen"):
         return True
     return filename.startswith(_STDLIB_DIR) and "-packages" not in filename
+
+
+def is_library(filename):
+    """Installed packages: their lines are reported, but they are not the user's to rewrite."""
+    return "site-packages" in filename or "dist-packages" in filename
 
 
 _internal_code = {}   # code object -> (internal, plumbing)
@@ -66,25 +71,33 @@ def user_frame(frame):
 class Site:
     """Everything that happened on one line of user code."""
 
-    __slots__ = ("file", "line", "ops", "ns", "direct_ops", "direct_ns", "steps_hit", "last_step",
-                 "h2d", "h2d_bytes", "h2d_ns", "h2d_repeats", "h2d_seen",
+    __slots__ = ("file", "line", "library", "ops", "ns", "direct_ops", "direct_ns", "steps_hit", "last_step",
+                 "call_frame", "call_ops", "most_ops_per_call",
+                 "h2d", "h2d_bytes", "h2d_ns", "h2d_repeats", "h2d_seen", "h2d_steps", "h2d_last_step",
                  "syncs", "sync_ns", "sync_steps", "sync_last_step", "sync_kinds", "d2h_bytes",
                  "strided_copies", "strided_bytes", "strided_ns", "strided_writes", "strided_steps",
-                 "strided_last_step", "f64_created", "f64_ops", "f64_ns", "fallbacks", "fallback_dtypes", "op_names",
+                 "strided_last_step", "strided_sources", "strided_repeats", "f64_created", "f64_ops", "f64_ns", "fallbacks", "fallback_dtypes", "op_names",
                  "kept_steps")
 
     def __init__(self, file, line):
         self.file, self.line = file, line
+        self.library = is_library(file)
         self.ops = self.ns = self.direct_ops = self.direct_ns = self.steps_hit = 0
         self.last_step = -1
-        self.h2d = self.h2d_bytes = self.h2d_ns = self.h2d_repeats = 0
+        # Direct ops of one execution of the enclosing function: a Python loop on this
+        # line makes many, a line run once per layer (a new call each time) makes few.
+        # The frame is held until the step ends (Monitor.on_step), not longer.
+        self.call_frame, self.call_ops, self.most_ops_per_call = None, 0, 0
+        self.h2d = self.h2d_bytes = self.h2d_ns = self.h2d_repeats = self.h2d_steps = 0
+        self.h2d_last_step = -1
         self.h2d_seen = set()
         self.syncs = self.sync_ns = self.sync_steps = self.d2h_bytes = 0
         self.sync_last_step = -1
         self.sync_kinds = collections.Counter()
         self.strided_copies = self.strided_bytes = self.strided_ns = self.strided_writes = 0
-        self.strided_steps = 0
+        self.strided_steps = self.strided_repeats = 0
         self.strided_last_step = -1
+        self.strided_sources = {}   # id(base tensor) -> (weak reference, the view and version copied)
         self.f64_created = self.f64_ops = self.f64_ns = 0
         self.fallbacks = collections.Counter()   # (op, reason) -> count
         self.fallback_dtypes = {}                # op -> dtypes of the npu inputs that fell back
@@ -97,15 +110,32 @@ class Site:
 
 
 def _nbytes(t):
-    return t.numel() * t.element_size()
+    return t.numel() * t.element_size() if t.layout == torch.strided else 0
+
+
+_returns_view = {}   # op -> whether it returns a view of an input (no kernel runs)
+
+
+def _is_view_op(func):
+    view = _returns_view.get(func)
+    if view is None:
+        view = _returns_view[func] = any(r.alias_info is not None and not r.alias_info.is_write
+                                         for r in func._schema.returns)
+    return view
 
 
 def _content_key(t):
-    """Identifies the data of a host tensor (a hash of its bytes; sampled when large)."""
-    flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
-    if flat.numel() > (1 << 20):
-        flat = torch.cat([flat[:1 << 16], flat[-(1 << 16):]])
-    return (tuple(t.shape), t.dtype, hash(flat.numpy().tobytes()))
+    """Identifies the data of a host tensor (a hash of its bytes; sampled when large),
+    or None for what has no plain bytes (sparse, nested, quantized tensors)."""
+    if t.layout != torch.strided or t.is_nested or t.is_quantized or t.dtype.is_complex:
+        return None
+    try:
+        flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        if flat.numel() > (1 << 20):
+            flat = torch.cat([flat[:1 << 16], flat[-(1 << 16):]])
+        return (tuple(t.shape), t.dtype, hash(flat.numpy().tobytes()))
+    except (RuntimeError, TypeError):
+        return None
 
 
 _DATA_DEPENDENT = {"aten::nonzero", "aten::masked_select", "aten::_unique2", "aten::unique_dim",
@@ -172,9 +202,13 @@ class Monitor(TorchDispatchMode):
         if site.last_step != self.step:
             site.last_step = self.step
             site.steps_hit += 1
-        if direct:
+        if direct and not _is_view_op(func):
             site.direct_ops += 1
             site.direct_ns += ns
+            if site.call_frame is not frame:
+                site.call_frame, site.call_ops = frame, 0
+            site.call_ops += 1
+            site.most_ops_per_call = max(site.most_ops_per_call, site.call_ops)
         self._classify(func, name, args, kwargs, out, site, ns, direct, f64_in)
         return out
 
@@ -220,18 +254,18 @@ class Monitor(TorchDispatchMode):
                 self._host_to_device(site, src, ns)
             elif dst.device.type == "cpu" and src.device.type == "npu":
                 self._sync(site, ns, "copy", _nbytes(src))
-            elif direct and dst.device.type == "npu" and not dst.is_contiguous():
-                self._strided(site, ns, write=True, nbytes=_nbytes(dst))
+            # (a copy into a strided slice is how buffers such as a KV cache are filled: not a trap)
         elif name == "aten::lift_fresh":  # torch.tensor(data, device="npu"): host data copied in
             self._host_to_device(site, None, ns, out)
         elif name == "aten::_local_scalar_dense":
             self._sync(site, ns, "scalar", 0)
         elif name in _DATA_DEPENDENT or (name == "aten::index" and self._bool_index(args)):
             self._sync(site, ns, "shape", 0)
-        elif direct and name == "aten::clone" and isinstance(first, torch.Tensor) and not first.is_contiguous():
-            self._strided(site, ns, write=False, nbytes=_nbytes(first))
-        elif (direct and func._schema.is_mutable and isinstance(first, torch.Tensor)
-              and first.device.type == "npu" and not first.is_contiguous() and first.numel() > 1):
+        elif (direct and name == "aten::clone" and isinstance(first, torch.Tensor) and first.layout == torch.strided
+              and not first.is_contiguous()):
+            self._strided(site, ns, write=False, nbytes=_nbytes(first), source=first)
+        elif (direct and func._schema.is_mutable and isinstance(first, torch.Tensor) and first.device.type == "npu"
+              and first.layout == torch.strided and not first.is_contiguous() and first.numel() > 1):
             self._strided(site, ns, write=True, nbytes=_nbytes(first))
 
         # float64: where it enters the device, and every op it costs.
@@ -242,7 +276,7 @@ class Monitor(TorchDispatchMode):
             site.f64_ns += ns
             if f64_out and not f64_in:
                 site.f64_created += 1
-        self._track(outs, args, site)
+        self._track(outs, args, kwargs, site)
 
     @staticmethod
     def _bool_index(args):
@@ -252,13 +286,17 @@ class Monitor(TorchDispatchMode):
     def _host_to_device(self, site, host, ns, device_tensor=None):
         site.h2d += 1
         site.h2d_ns += ns
+        if site.h2d_last_step != self.step:
+            site.h2d_last_step = self.step
+            site.h2d_steps += 1
         if host is not None:
             site.h2d_bytes += _nbytes(host)
             key = _content_key(host)
         else:
             site.h2d_bytes += _nbytes(device_tensor)
             # Small constants are what gets rebuilt in loops; reading them back is cheap.
-            key = _content_key(device_tensor.cpu()) if device_tensor.numel() <= 4096 else None
+            small = device_tensor.layout == torch.strided and device_tensor.numel() <= 4096
+            key = _content_key(device_tensor.cpu()) if small else None
         if key is not None:
             if key in site.h2d_seen:
                 site.h2d_repeats += 1
@@ -274,22 +312,34 @@ class Monitor(TorchDispatchMode):
             site.sync_last_step = self.step
             site.sync_steps += 1
 
-    def _strided(self, site, ns, write, nbytes):
+    def _strided(self, site, ns, write, nbytes, source=None):
         if write:
             site.strided_writes += 1
         else:
             site.strided_copies += 1
+            # The same view of the same, unchanged tensor copied again: the copy could be made once.
+            base = source._base if source._base is not None else source
+            view = (source.storage_offset(), tuple(source.shape), tuple(source.stride()), source._version)
+            seen = site.strided_sources.get(id(base))
+            if seen is not None and seen[0]() is base and seen[1] == view:
+                site.strided_repeats += 1
+            else:
+                if len(site.strided_sources) >= 64:   # forget the tensors that are gone
+                    site.strided_sources = {k: v for k, v in site.strided_sources.items() if v[0]() is not None}
+                if len(site.strided_sources) < 64:
+                    site.strided_sources[id(base)] = (weakref.ref(base), view)
         site.strided_bytes += nbytes
         site.strided_ns += ns
         if site.strided_last_step != self.step:
             site.strided_last_step = self.step
             site.strided_steps += 1
 
-    def _track(self, outs, args, site):
-        """Remembers which line made each new npu tensor, to name what is kept alive."""
+    def _track(self, outs, args, kwargs, site):
+        """Remembers which line made each new npu tensor, to name what is kept alive
+        (not the inputs an in-place or out= op returns)."""
         for o in outs:
             if (isinstance(o, torch.Tensor) and o.device.type == "npu" and not o._is_view()
-                    and not any(o is a for a in args)):
+                    and not any(o is a for a in args) and not any(o is a for a in kwargs.values())):
                 live = self._live
                 ref = weakref.ref(o, lambda r, live=live: live.pop(id(r), None))
                 live[id(ref)] = (ref, site, self.step)
@@ -306,8 +356,9 @@ class Monitor(TorchDispatchMode):
         site.fallbacks[(op, reason)] += 1
         dtypes = site.fallback_dtypes.setdefault(op, set())
         for a in self._current_args:
-            if isinstance(a, torch.Tensor) and a.device.type == "npu":
-                dtypes.add(str(a.dtype).replace("torch.", ""))
+            for t in (a if isinstance(a, (list, tuple)) else (a,)):
+                if isinstance(t, torch.Tensor) and t.device.type == "npu":
+                    dtypes.add(str(t.dtype).replace("torch.", ""))
 
     def on_host_sync(self, kind, frame, nbytes=0, ns=0):
         """A wait the dispatch mode cannot see: synchronize(), printing a tensor."""
@@ -315,7 +366,12 @@ class Monitor(TorchDispatchMode):
         site = self._site(frame) if frame is not None else self._site_unknown()
         self._sync(site, ns, kind, nbytes)
 
+    def release_frames(self):
+        for site in self.sites.values():
+            site.call_frame = None
+
     def on_step(self):
+        self.release_frames()
         self.step += 1
         now = time.perf_counter() - self._start
         self.step_times.append(now)

@@ -14,6 +14,9 @@ from typing import Dict, List, Optional
 
 import torch
 
+from ..fallback import OpFallbackStats
+from ._findings import shown_path
+
 SCHEMA = "torch_npu.doctor/1"
 SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report.schema.json")
 
@@ -60,16 +63,15 @@ class Run:
     @classmethod
     def collect(cls, doctor, wall, stats_after, profile, error):
         monitor = doctor.monitor
-        before = doctor._stats_before.ops
+        # This run's fallbacks per op, all overloads together ("aten::mul.Tensor" is "aten::mul").
         delta = {}
-        for name, s in stats_after.ops.items():
-            b = before.get(name)
-            if b is None:
-                delta[name] = s
-            elif s.count > b.count:
-                delta[name] = type(s)(s.count - b.count, s.kernel_error_retries - b.kernel_error_retries,
-                                      s.seconds - b.seconds, s.bytes_to_cpu - b.bytes_to_cpu,
-                                      s.bytes_to_npu - b.bytes_to_npu)
+        for sign, stats in ((1, stats_after), (-1, doctor._stats_before)):
+            for name, s in stats.ops.items():
+                base = name.split(".")[0]
+                total = delta.get(base, (0, 0, 0.0, 0, 0))
+                delta[base] = tuple(t + sign * v for t, v in zip(total, (
+                    s.count, s.kernel_error_retries, s.seconds, s.bytes_to_cpu, s.bytes_to_npu)))
+        delta = {name: OpFallbackStats(*v) for name, v in delta.items() if v[0] > 0}
         profiled = (profile or {}).get("per_op_us", {})
         ops = []
         for op, calls in monitor.op_calls.items():
@@ -153,7 +155,7 @@ class Report:
                 if cost:
                     lines.append(f"   cost: {cost}")
                 if f.other_locations:
-                    lines.append("   also at: " + ", ".join(f"{os.path.basename(p)}:{n}" for p, n in
+                    lines.append("   also at: " + ", ".join(f"{shown_path(p)}:{n}" for p, n in
                                                            f.other_locations[:5]))
                 lines.append(f"   fix: {f.remedy}")
         lines += ["", self.ops_table()]
