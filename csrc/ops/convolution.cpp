@@ -66,6 +66,15 @@ at::Tensor back(const at::Tensor& t, c10::Device device, int64_t* bytes) {
   return t.to(device);
 }
 
+// PyTorch's metadata for a convolution on PrivateUse1 (the fake tensors of
+// torch.compile and export: _select_conv_backend gives Overrideable, whose memory
+// format is contiguous) promises contiguous results, while ATen's CPU kernels keep
+// a channels-last input's layout. Compiled code asserts the promised strides, so
+// the npu keeps the promise: a channels-last result is made contiguous.
+at::Tensor inPromisedLayout(const at::Tensor& t) {
+  return t.defined() && !t.is_contiguous() ? t.contiguous() : t;
+}
+
 at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                        c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
                        bool transposed, c10::IntArrayRef output_padding, int64_t groups) {
@@ -87,7 +96,7 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
   HostExecution exec(input.device(), "aten::convolution");
   auto out = at::convolution(exec.alias(input), exec.alias(weight), exec.alias(bias_t), stride, padding, dilation,
                              transposed, output_padding, groups);
-  return exec.toNpu(out);
+  return exec.toNpu(inPromisedLayout(out));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
@@ -120,7 +129,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
   auto [gi, gw, gb] = at::convolution_backward(exec.alias(grad_output), exec.alias(input), exec.alias(weight), bias_arg,
                                                stride, padding, dilation, transposed, output_padding, groups,
                                                output_mask);
-  return {exec.toNpu(gi), exec.toNpu(gw), exec.toNpu(gb)};
+  return {exec.toNpu(inPromisedLayout(gi)), exec.toNpu(inPromisedLayout(gw)), exec.toNpu(gb)};
 }
 
 }  // namespace

@@ -96,6 +96,12 @@ void bindStreams(py::module_& m) {
   });
   m.def("_stream_priority", [](int64_t id, int64_t d) { return npu::runtimeStream(unpackStream(id, d)).priority(); });
   m.def("_set_stream", [](int64_t id, int64_t d) { npu::exchangeStream(unpackStream(id, d)); });
+  // Compiled code (inductor's C++ kernels) runs on the calling thread, on memory the
+  // host can address: before each kernel it waits for the work queued to the current
+  // stream, so the kernel runs in stream order. Cheap when the stream is idle.
+  m.def("_wait_current_stream", [](int64_t d) {
+    npu::synchronizeStream(npu::currentStream(npu::toDeviceIndex(d)), "compiled kernel launch");
+  }, py::call_guard<py::gil_scoped_release>());
 }
 
 void bindMemory(py::module_& m) {

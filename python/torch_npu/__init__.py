@@ -57,6 +57,11 @@ from .fallback import _install as _install_fallback  # noqa: E402
 
 _install_fallback()
 
+from . import _compile  # noqa: E402
+from ._compile.backend import compile  # noqa: E402
+
+_compile.install()  # torch.compile: the npu registers with dynamo/inductor when they load
+
 # Backward of npu graphs runs on the calling thread, not on PyTorch's per-device
 # autograd thread. The cause, seen in a core dump of the abort at exit: the device
 # thread drops the last reference to a finished GraphTask after backward() has

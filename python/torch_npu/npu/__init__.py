@@ -70,3 +70,21 @@ __all__ = [
     "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_peak_memory_stats", "seed",
     "seed_all", "set_device", "set_rng_state", "set_rng_state_all", "set_stream", "stream", "synchronize",
 ]
+
+
+# Inductor's backend registration reads these from the device module (torch.npu)
+# when it first compiles: loaded then, not at import (inductor is heavy).
+_INDUCTOR_NAMES = {
+    "Scheduling": "Scheduling",
+    "PythonWrapperCodegen": "NpuWrapperCodegen",
+    "CppWrapperCodegen": "NpuCppWrapperCodegen",
+    "WrapperFxCodegen": "WrapperFxCodegen",
+}
+
+
+def __getattr__(name):
+    if name in _INDUCTOR_NAMES:
+        from torch_npu._compile import _codegen
+        _codegen.register()
+        return getattr(_codegen, _INDUCTOR_NAMES[name])
+    raise AttributeError(f"module 'torch.npu' has no attribute {name!r}")

@@ -1,0 +1,61 @@
+"""torch.compile on the npu.
+
+Inductor generates C++ kernels for the npu (its CPU code generator: the emulated
+npu's memory is host-addressable) and a Python wrapper that launches them in
+stream order with eager work. Nothing here is imported with torch_npu: dynamo
+and inductor are heavy, so the registrations happen when PyTorch loads them
+(``install()`` puts import hooks in place):
+
+* ``torch._dynamo.device_interface``: the npu's ``DeviceInterface``;
+* inductor's backend registration reads ``torch.npu.Scheduling``,
+  ``PythonWrapperCodegen``, ``CppWrapperCodegen`` and ``WrapperFxCodegen``
+  (``torch_npu.npu.__getattr__`` loads them from ``_codegen``), which also
+  teaches inductor that the npu is served by its C++ backend.
+
+``torch.compile(model, backend="npu")`` (``backend.py``) adds graph passes that
+put the fused npu ops in place of their compositions; ``torch_npu.compile``
+falls back to eager when compilation fails.
+"""
+import importlib.abc
+import importlib.util
+import sys
+
+_HOOKED = {
+    "torch._dynamo.device_interface": "torch_npu._compile._device_interface",
+    "torch._dynamo.backends.registry": "torch_npu._compile.backend",
+}
+
+
+class _RegisterAfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``register()`` of our module right after PyTorch's module is executed."""
+
+    def find_spec(self, name, path=None, target=None):
+        ours = _HOOKED.get(name)
+        if ours is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        original = loader.exec_module
+
+        def exec_module(module):
+            original(module)
+            importlib.import_module(ours).register()
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def install():
+    """Registers the npu with dynamo now if it is loaded, else when it loads."""
+    for theirs, ours in _HOOKED.items():
+        if theirs in sys.modules:
+            importlib.import_module(ours).register()
+    if not any(isinstance(f, _RegisterAfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterAfterImport())
