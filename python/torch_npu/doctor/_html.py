@@ -1,9 +1,8 @@
 """The report as one self-contained HTML page: findings, tables and four plots
 (matplotlib, drawn off-screen and embedded as PNG), no external resources."""
 import html
-import os
 
-from ._report import _size, _time, png_base64
+from ._report import CLEAN, cost_text, other_locations_text, png_base64
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
@@ -107,14 +106,11 @@ def render(report):
              f"<h1>torch_npu doctor: <code>{_e(run.script)}</code></h1>",
              "<p>" + "<br>".join(_e(line.strip()) for line in report.header_lines()[1:]) + "</p>"]
     if not run.findings:
-        parts.append("<div class='clean'>No problems found: no CPU fallbacks, copies or syncs in the loop, "
-                     "launch-bound lines, float64 or memory growth.</div>")
+        parts.append(f"<div class='clean'>{_e(CLEAN)}</div>")
     else:
         parts.append(f"<h2>{len(run.findings)} findings, costliest first</h2>")
         for i, f in enumerate(run.findings, 1):
-            cost = ", ".join(c for c in (_time(f.seconds) if f.seconds else "", _size(f.bytes) if f.bytes else "")
-                             if c)
-            others = ", ".join(f"{os.path.basename(p)}:{n}" for p, n in f.other_locations[:5])
+            cost, others = cost_text(f), other_locations_text(f)
             parts.append(
                 f"<div class='finding {_e(f.kind)}'><p><span class='kind'>{i}. {_e(f.kind)}</span> {_e(f.title)}</p>"
                 f"<p>at <code>{_e(f.where)}</code>" + (f" <code>{_e(f.code)}</code>" if f.code else "") + "</p>"

@@ -116,6 +116,20 @@ def _time(s):
     return f"{s * 1e3:.1f} ms" if s < 10 else f"{s:.1f} s"
 
 
+CLEAN = ("No problems found: no CPU fallbacks, copies or syncs in the loop, launch-bound lines, float64 or "
+         "memory growth.")
+
+
+def cost_text(finding):
+    """"9.8 ms, 24.0 MiB", either part left out when zero."""
+    parts = (_time(finding.seconds) if finding.seconds else "", _size(finding.bytes) if finding.bytes else "")
+    return ", ".join(p for p in parts if p)
+
+
+def other_locations_text(finding, k=5):
+    return ", ".join(f"{shown_path(p)}:{n}" for p, n in finding.other_locations[:k])
+
+
 class Report:
     """A finished run presented: ``str(report)``, ``report.as_dict()``, ``.to_json(path)``, ``.to_html(path)``."""
 
@@ -144,19 +158,15 @@ class Report:
         r = self.run
         lines = self.header_lines() + [""]
         if not r.findings:
-            lines.append("No problems found: no CPU fallbacks, copies or syncs in the loop, launch-bound lines, "
-                         "float64 or memory growth.")
+            lines.append(CLEAN)
         else:
             lines.append(f"{len(r.findings)} finding{'s' if len(r.findings) > 1 else ''}, costliest first:")
             for i, f in enumerate(r.findings, 1):
                 lines += ["", f"{i}. [{f.kind}] {f.title}", f"   at {f.where}" + (f"    {f.code}" if f.code else "")]
-                cost = [f"{_time(f.seconds)}" if f.seconds else "", _size(f.bytes) if f.bytes else ""]
-                cost = ", ".join(c for c in cost if c)
-                if cost:
-                    lines.append(f"   cost: {cost}")
+                if cost_text(f):
+                    lines.append(f"   cost: {cost_text(f)}")
                 if f.other_locations:
-                    lines.append("   also at: " + ", ".join(f"{shown_path(p)}:{n}" for p, n in
-                                                           f.other_locations[:5]))
+                    lines.append(f"   also at: {other_locations_text(f)}")
                 lines.append(f"   fix: {f.remedy}")
         lines += ["", self.ops_table()]
         profile = r.profile
