@@ -3,12 +3,21 @@
 Two emulated devices, so that multi-device tests run in this process: the emulator
 reads NPU_EMU_DEVICES at first use, so it must be set before torch is imported
 (torch loads torch_npu through its ``torch.backends`` entry point).
+
+Inductor's caches live in a directory of this session: code compiled by an
+earlier build of torch_npu's code generation must not stand in for today's.
 """
+import atexit
 import gc
 import json
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("NPU_EMU_DEVICES", "2")
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchinductor-tests-")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

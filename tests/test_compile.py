@@ -103,8 +103,91 @@ def test_gpt_decoder_with_the_npu_backend_uses_fused_ops_and_matches_eager(gpt):
     model, tokens = gpt
     backend = NpuBackend()
     check_compiled_matches_eager(copy.deepcopy(model), tokens, tol=1e-4, backend=backend)
-    # Two RMSNorms per block plus the last (the residual ones as add+RMSNorm), a SwiGLU per block.
-    assert backend.fused == {"rms_norm": 5, "swiglu": 2}
+    # Two RMSNorms per block plus the last (the residual ones as add+RMSNorm), a SwiGLU per block,
+    # rotary on q and k per block (the model calls SDPA itself: no attention to fuse).
+    assert backend.fused == {"rms_norm": 5, "swiglu": 2, "rotary": 4, "attention": 0}
+
+
+def rotate_half_by_slices(x):   # transformers' spelling
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class WrittenOutAttention(nn.Module):
+    """Rotary and attention as eager code writes them: a causal mask from a buffer, and an additive bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(32, 96)
+        self.register_buffer("tril", torch.tril(torch.ones(16, 16)))
+
+    def forward(self, x, cos, sin, bias):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 4, 8).transpose(1, 3).unbind(2)
+        q = q * cos + zoo.rotate_half(q) * sin
+        k = (k * cos) + (rotate_half_by_slices(k) * sin)
+        causal = (q @ k.transpose(-2, -1) * (1.0 / 8 ** 0.5)).masked_fill(self.tril[:t, :t] == 0, float("-inf"))
+        biased = torch.matmul(q, k.transpose(2, 3)) / 8 ** 0.5 + bias
+        return F.softmax(causal, dim=-1) @ v + torch.softmax(biased, -1) @ v
+
+
+def test_the_npu_backend_fuses_written_out_rotary_and_attention():
+    from torch_npu._compile.backend import NpuBackend
+    torch.manual_seed(0)
+    model = WrittenOutAttention().npu()
+    inputs = (torch.randn(2, 16, 32, device="npu"), torch.randn(16, 8, device="npu"), torch.randn(16, 8, device="npu"),
+              torch.randn(16, 16, device="npu"))
+    backend = NpuBackend()
+    check_compiled_matches_eager(model, *inputs, tol=1e-4, backend=backend)
+    assert backend.fused == {"rms_norm": 0, "swiglu": 0, "rotary": 2, "attention": 2}
+
+
+def test_the_npu_backend_by_name_takes_inductors_options():
+    def f(x, w):
+        gate, value = (x @ w).chunk(2, dim=-1)
+        return F.silu(gate) * value
+
+    x, w = torch.randn(4, 8, device="npu"), torch.randn(8, 16, device="npu")
+    for kwargs in ({}, {"mode": "max-autotune-no-cudagraphs"}, {"options": {"max_autotune": False}}):
+        torch._dynamo.reset()
+        close(torch.compile(f, backend="npu", **kwargs)(x, w), f(x, w))
+
+
+def generated_kernels(fn, *inputs):
+    """fn's results and the C++ sources inductor generates for them."""
+    import re
+    from torch._inductor.utils import run_and_get_code
+    torch._dynamo.reset()
+    out, codes = run_and_get_code(torch.compile(fn), *inputs)
+    sources = [k.strip() for code in codes for k in re.findall(r"cpp_pybinding\(\[.*?\], r'''(.*?)'''\)", code, re.S)]
+    return out, sorted(sources)
+
+
+def test_npu_graphs_get_the_kernels_cpu_graphs_get():
+    # Where inductor asks "is this the cpu?" meaning "the C++ backend?", the npu answers
+    # as the cpu: cat without masked loads, no pad-as-cat, two-pass variance, division kept,
+    # logical argmax indices, the cpu's realization heuristics.
+    def f(x, w):
+        h = torch.cat((F.silu(x[:, :8]) * x[:, 8:], -x), dim=-1)
+        v, m = torch.var_mean(x.t(), dim=0)
+        return F.pad(h, (0, 3)).sum(-1) / 7.0, x.t().argmax(), v + m, (x @ w).softmax(-1)
+
+    x, w = torch.randn(6, 16), torch.randn(16, 16)
+    cpu_out, cpu_kernels = generated_kernels(f, x, w)
+    npu_out, npu_kernels = generated_kernels(f, x.npu(), w.npu())
+    assert npu_kernels == cpu_kernels and len(cpu_kernels) > 0
+    for a, b in zip(npu_out, cpu_out):
+        close(a.cpu(), b)
+
+
+def test_argmax_of_a_transposed_tensor_counts_logical_positions():
+    def f(x):
+        return x.t().argmax(), x.permute(1, 0).argmin()
+
+    x = torch.randn(37, 53)
+    out = torch.compile(f)(x.npu())
+    assert [o.item() for o in out] == [o.item() for o in f(x)]
 
 
 def test_gpt_decoder_with_inductor_matches_eager(gpt):

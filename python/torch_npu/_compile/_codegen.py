@@ -12,9 +12,13 @@ Loaded by inductor's backend registration through ``torch.npu.Scheduling`` etc.
 places that test for ``device.type == "cpu"``, that the npu is served by its C++
 backend.
 """
+import contextlib
 import functools
+import sys
 
 import torch
+from torch._inductor import ir as _ir
+from torch._inductor import lowering as _lowering
 from torch._inductor import scheduler as _scheduler
 from torch._inductor import utils as _utils
 from torch._inductor.codegen import common as _common
@@ -91,28 +95,142 @@ def _served_by_cpp(device):
     return device is not None and device.type in ("cpu", "npu")
 
 
-@functools.cache
-def register():
-    """Teaches inductor that npu nodes are compiled by its C++ backend."""
-    _common.register_device_op_overrides("npu", NpuDeviceOpOverrides())
+def _on_npu(node):
+    device = node.get_device() if hasattr(node, "get_device") else None
+    return device is not None and device.type == "npu"
 
+
+def _replace(module, name, make):
+    """Replaces ``module.name`` by ``make(original)``, also where other inductor modules
+    imported it by name and where it is registered as a lowering."""
+    original = getattr(module, name)
+    replacement = functools.wraps(original)(make(original))
+    for m in list(sys.modules.values()):
+        if getattr(m, "__name__", "").startswith("torch._inductor") and getattr(m, name, None) is original:
+            setattr(m, name, replacement)
+    for op, lowering in list(_lowering.lowerings.items()):
+        if lowering is original:
+            _lowering.lowerings[op] = replacement
+
+
+@contextlib.contextmanager
+def _swapped(module, name, value):
+    """``module.name`` is ``value`` for the duration (lowering runs on one thread)."""
+    original = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+# Inductor asks "is this the cpu?" where it means "is this compiled by the C++
+# backend?". Each function below answers yes for the npu at one such place, so
+# an npu graph gets the kernels a cpu graph gets (the benchmarks compare them).
+
+def _scheduler_nodes():
     # Loop reordering after fusion is for Triton; inductor skips it for "cpu" nodes only.
-    def is_cpu(node):
-        return _served_by_cpp(node.get_device())
+    _scheduler.BaseSchedulerNode.is_cpu = lambda node: _served_by_cpp(node.get_device())
 
-    _scheduler.BaseSchedulerNode.is_cpu = is_cpu
 
+def _realization_heuristics():
+    # When to materialise a pointwise result (op counts, reads, reuse of heavy ops).
+    _replace(_ir, "is_cpu", lambda original: lambda x: original(x) or _ir.get_device_type(x) == "npu")
+
+
+def _backend_rules():
     # Which backend's rules (dtypes, CSE) apply: "cpp" for the npu, not Triton's.
-    original = _utils.get_current_backend
+    def make(original):
+        def get_current_backend(device_type=None):
+            if not device_type:
+                device_type = V.graph.get_current_device_or_throw().type
+            if device_type == "npu":
+                return torch._inductor.config.cpu_backend
+            return original(device_type)
+        return get_current_backend
+    _replace(_utils, "get_current_backend", make)
 
-    @functools.wraps(original)
-    def get_current_backend(device_type=None):
-        if not device_type:
-            device_type = V.graph.get_current_device_or_throw().type
-        if device_type == "npu":
-            return torch._inductor.config.cpu_backend
-        return original(device_type)
 
+def _concatenation():
+    # The C++ backend concatenates by writing each input into its slice of the
+    # result (ConcatKernel); a masked "pointwise cat", Triton's choice, does not
+    # vectorise there (2.4x slower for the backward of a SwiGLU). Right-padding
+    # is not rewritten into a cat either, as on the cpu.
+    def make_cat(original):
+        def pointwise_cat(inputs, dim=0):
+            if _on_npu(inputs[0]) and not torch._inductor.config.force_pointwise_cat:
+                return _lowering.TensorBox(_ir.ConcatKernel.create(inputs, dim))
+            return original(inputs, dim)
+        return pointwise_cat
+
+    def make_pad(original):
+        def pad_as_cat(x, padding, fill_value):
+            return None if _on_npu(x) else original(x, padding, fill_value)
+        return pad_as_cat
+
+    _replace(_lowering, "pointwise_cat", make_cat)
+    _replace(_lowering, "_pad_as_cat", make_pad)
+
+
+_ARG_REDUCTIONS = frozenset(("argmax", "argmin", "argmax_value", "argmin_value", "argmax_with_value",
+                             "argmin_with_value"))
+
+
+def _arg_reductions():
+    # argmax/argmin over several dims of a transposed or strided tensor must
+    # count positions in the logical order; inductor does so for Triton and the
+    # C++ backend ("is_triton(x) or cpu"). Without this the npu returned the
+    # position in memory: a wrong answer, not a slow one.
+    def make(original):
+        def make_reduction_inner(x, *, reduction_type=None, **kwargs):
+            if reduction_type in _ARG_REDUCTIONS and _on_npu(x):
+                is_triton = _lowering.is_triton
+                with _swapped(_lowering, "is_triton", lambda node: _on_npu(node) or is_triton(node)):
+                    return original(x, reduction_type=reduction_type, **kwargs)
+            return original(x, reduction_type=reduction_type, **kwargs)
+        return make_reduction_inner
+    _replace(_lowering, "_make_reduction_inner", make)
+
+
+def _division():
+    # x / constant stays a division, as on the cpu: multiplying by the
+    # reciprocal (the GPU rewrite) rounds differently from eager's kernels.
+    def make(original):
+        def div_prim(a, b):
+            if _on_npu(a) or _on_npu(b):
+                with _swapped(_lowering, "get_constant_value", lambda x: None):
+                    return original(a, b)
+            return original(a, b)
+        return div_prim
+    _replace(_lowering, "div_prim", make)
+
+
+def _variance():
+    # var/var_mean of up to config.cpp.use_two_step_variance_threshold elements
+    # are computed in two passes (mean, then squared deviations), as on the cpu:
+    # the rest of inductor's rule is the same for every non-Triton device.
+    def make(original):
+        def use_two_step_variance(x, axis, keepdim, input_dtype):
+            if _on_npu(x):
+                config = torch._inductor.config
+                with config.patch(unroll_reductions_threshold=config.cpp.use_two_step_variance_threshold):
+                    return original(x, axis, keepdim, input_dtype)
+            return original(x, axis, keepdim, input_dtype)
+        return use_two_step_variance
+    _replace(_lowering, "use_two_step_variance", make)
+
+
+def _scatter():
+    # scatter_reduce(sum) runs ATen's kernel rather than generated atomics, as on the cpu.
+    def make(original):
+        def use_scatter_fallback(op_overload, reduction_type, self_dtype, src_dtype, src_device_type, src_is_tensor):
+            device_type = "cpu" if src_device_type == "npu" else src_device_type
+            return original(op_overload, reduction_type, self_dtype, src_dtype, device_type, src_is_tensor)
+        return use_scatter_fallback
+    _replace(_utils, "use_scatter_fallback", make)
+
+
+def _layout():
     # The npu's convolution returns contiguous results (PyTorch's promise for a
     # PrivateUse1 convolution), so laying npu graphs out channels-last, which
     # inductor's GPU heuristics may choose, would only add copies around each conv.
@@ -127,12 +245,11 @@ def register():
 
     GraphLowering.decide_layout_opt = staticmethod(decide_layout_opt)
 
-    for module in (_utils, _common, _scheduler):
-        if getattr(module, "get_current_backend", None) is original:
-            module.get_current_backend = get_current_backend
-    try:
-        from torch._inductor.kernel import mm_common
-        if mm_common.get_current_backend is original:
-            mm_common.get_current_backend = get_current_backend
-    except ImportError:
-        pass
+
+@functools.cache
+def register():
+    """Teaches inductor that npu nodes are compiled by its C++ backend."""
+    _common.register_device_op_overrides("npu", NpuDeviceOpOverrides())
+    for teach in (_scheduler_nodes, _realization_heuristics, _backend_rules, _concatenation, _arg_reductions,
+                  _division, _variance, _scatter, _layout):
+        teach()

@@ -7,7 +7,13 @@ npu's fused ops in place of the compositions eager code writes:
   (either order of the products, ``x * x`` for the square) and
   ``F.rms_norm(x, (d,), weight, eps)``  ->  ``torch.ops.npu.npu_rms_norm``;
   when ``x`` is a residual sum ``a + b``  ->  ``npu_add_rms_norm``;
-* SwiGLU, ``F.silu(a) * b`` with ``a, b = x.chunk(2, dim=-1)``  ->  ``npu_swiglu``.
+* SwiGLU, ``F.silu(a) * b`` with ``a, b = x.chunk(2, dim=-1)``  ->  ``npu_swiglu``;
+* rotary embeddings, ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x)``
+  written as ``cat((-x2, x1), -1)`` of the halves (``chunk`` or slices)
+  ->  ``npu_rotary_mul``;
+* attention written out, ``softmax(q @ k.transpose(-2, -1) * scale [masked_fill
+  (mask, -inf) or + bias], dim=-1) @ v``  ->  ``F.scaled_dot_product_attention``,
+  the npu's flash kernel (inductor itself only recognises the unmasked forms).
 
 The fused ops have autograd formulas, so training graphs get them too. Pick
 "inductor" (the default) for generated kernels only; "npu" when the model is
@@ -62,6 +68,22 @@ def _other(node, known):
     return b if a is known else a if b is known else None
 
 
+def _stand_in(new, old, **kwargs):
+    """``new`` replaces ``old`` for its users and carries its example value, so
+    later passes can read shapes and dtypes from it."""
+    old.replace_all_uses_with(new, **kwargs)
+    if "example_value" in old.meta:
+        new.meta["example_value"] = old.meta["example_value"]
+
+
+def _rms_norm_before(graph, node, x, weight, eps):
+    """Inserts ``npu_rms_norm(x, weight, eps)[0]`` before ``node`` and gives it ``node``'s users."""
+    with graph.inserting_before(node):
+        fused = graph.call_function(_npu.npu_rms_norm.default, (x, weight, eps))
+        y = graph.call_function(operator.getitem, (fused, 0))
+    _stand_in(y, node)
+
+
 def _replace_rms_norms(graph):
     replaced = 0
     for rsqrt in list(graph.nodes):
@@ -100,12 +122,10 @@ def _replace_rms_norms(graph):
                 total = graph.call_function(operator.getitem, (fused, 2))
             with graph.inserting_after(total):
                 y = graph.call_function(operator.getitem, (fused, 0))
-            x.replace_all_uses_with(total, delete_user_cb=lambda user: user not in pattern)
+            _stand_in(total, x, delete_user_cb=lambda user: user not in pattern)
+            _stand_in(y, scaled)
         else:
-            with graph.inserting_before(scaled):
-                fused = graph.call_function(_npu.npu_rms_norm.default, (x, weight, eps))
-                y = graph.call_function(operator.getitem, (fused, 0))
-        scaled.replace_all_uses_with(y)
+            _rms_norm_before(graph, scaled, x, weight, eps)
         replaced += 1
     return replaced
 
@@ -124,10 +144,7 @@ def _replace_functional_rms_norms(graph):
                                and xv.device.type == "npu" and wv.dim() == 1 and wv.dtype == xv.dtype
                                and tuple(shape) == tuple(wv.shape)):
             continue
-        with graph.inserting_before(node):
-            fused = graph.call_function(_npu.npu_rms_norm.default, (x, weight, float(eps)))
-            y = graph.call_function(operator.getitem, (fused, 0))
-        node.replace_all_uses_with(y)
+        _rms_norm_before(graph, node, x, weight, float(eps))
         replaced += 1
     return replaced
 
@@ -159,15 +176,172 @@ def _replace_swiglus(graph):
                 continue
             with graph.inserting_before(product):
                 fused = graph.call_function(_npu.npu_swiglu.default, (cargs[0], -1))
-            product.replace_all_uses_with(fused)
+            _stand_in(fused, product)
             replaced += 1
+    return replaced
+
+
+def _last_dim(node, dim):
+    xv = _value(node)
+    return isinstance(xv, torch.Tensor) and dim in (-1, xv.dim() - 1)
+
+
+def _half_of(node):
+    """(x, 0 or 1) when ``node`` is the first or second half of x's last dim
+    (``x.chunk(2, -1)[i]`` or ``x[..., :h]`` / ``x[..., h:]``), else None."""
+    if not _is(node, operator.getitem) or len(node.args) != 2:
+        return None
+    source, index = node.args
+    if isinstance(index, int) and index in (0, 1) and _is(source, torch.chunk, method="chunk"):
+        args = list(source.args) + [None, None]
+        chunks = source.kwargs.get("chunks", args[1])
+        dim = source.kwargs.get("dim", args[2] if len(source.args) > 2 else 0)
+        if chunks == 2 and _last_dim(args[0], dim):
+            return args[0], index
+        return None
+    xv = _value(source)
+    if (isinstance(xv, torch.Tensor) and isinstance(index, tuple) and len(index) == 2 and index[0] is Ellipsis
+            and isinstance(index[1], slice) and index[1].step in (None, 1)):
+        d = xv.shape[-1]
+        start, stop = index[1].start, index[1].stop
+        if start in (None, 0) and stop == d // 2:
+            return source, 0
+        if start == d // 2 and stop in (None, d):
+            return source, 1
+    return None
+
+
+def _rotated(node):
+    """x when ``node`` is ``cat((-x2, x1), dim=-1)`` of x's halves, else None."""
+    if not _is(node, torch.cat, torch.concat, torch.concatenate):
+        return None
+    args = list(node.args) + [None]
+    tensors, dim = args[0], node.kwargs.get("dim", args[1] if len(node.args) > 1 else 0)
+    if not isinstance(tensors, (list, tuple)) or len(tensors) != 2 or not _is(tensors[0], operator.neg,
+                                                                             torch.neg, method="neg"):
+        return None
+    second, first = _half_of(tensors[0].args[0]), _half_of(tensors[1])
+    if second is None or first is None or second[0] is not first[0] or (second[1], first[1]) != (1, 0):
+        return None
+    return first[0] if _last_dim(first[0], dim) else None
+
+
+def _replace_rotaries(graph):
+    replaced = 0
+    for add in list(graph.nodes):
+        if not _is(add, operator.add, torch.add) or len(add.args) != 2 or add.kwargs:
+            continue
+        products = add.args
+        if not all(_is(p, operator.mul, torch.mul) and len(p.args) == 2 and not p.kwargs for p in products):
+            continue
+        for plain, turned in (products, products[::-1]):
+            cat = next((a for a in turned.args if _rotated(a) is not None), None)
+            x = _rotated(cat) if cat is not None else None
+            if x is None or x not in plain.args:
+                continue
+            r1, r2 = _other(plain, x), _other(turned, cat)
+            xv, c, s, out = _value(x), _value(r1), _value(r2), _value(add)
+            if not (isinstance(xv, torch.Tensor) and xv.device.type == "npu" and xv.dtype in _FLOATING
+                    and xv.shape[-1] % 2 == 0 and isinstance(out, torch.Tensor) and out.shape == xv.shape
+                    and all(isinstance(r, torch.Tensor) and r.dtype == xv.dtype and r.dim() <= xv.dim()
+                            and r.shape[-1] == xv.shape[-1] for r in (c, s))):
+                continue
+            with graph.inserting_before(add):
+                fused = graph.call_function(_npu.npu_rotary_mul.default, (x, r1, r2, "half"))
+            _stand_in(fused, add)
+            replaced += 1
+            break
+    return replaced
+
+
+_FLOATING = (torch.float32, torch.float16, torch.bfloat16)
+_MATMUL = (operator.matmul, torch.matmul)
+
+
+def _is_matmul(node):
+    return _is(node, *_MATMUL, method="matmul") and len(node.args) == 2 and not node.kwargs
+
+
+def _transposed_last_two(node):
+    """k when ``node`` is ``k.transpose(-2, -1)`` (any spelling of the last two dims), else None."""
+    if not _is(node, torch.transpose, method="transpose") or len(node.args) != 3:
+        return None
+    k, a, b = node.args
+    kv = _value(k)
+    if not isinstance(kv, torch.Tensor) or not all(isinstance(d, int) for d in (a, b)):
+        return None
+    n = kv.dim()
+    return k if {a % n, b % n} == {n - 2, n - 1} else None
+
+
+def _softmax_input(node):
+    """The input of ``softmax(x, dim=-1)`` in the input's dtype, else None."""
+    if not _is(node, torch.softmax, F.softmax, method="softmax"):
+        return None
+    args = list(node.args)
+    dtype_at = 3 if node.target is F.softmax else 2      # F.softmax(input, dim, _stacklevel, dtype)
+    dim = node.kwargs.get("dim", args[1] if len(args) > 1 else None)
+    dtype = node.kwargs.get("dtype", args[dtype_at] if len(args) > dtype_at else None)
+    return args[0] if dtype is None and _last_dim(args[0], dim) else None
+
+
+def _replace_attentions(graph):
+    replaced = 0
+    for out in list(graph.nodes):
+        if not _is_matmul(out):
+            continue
+        probs, v = out.args
+        scores = _softmax_input(probs)
+        if scores is None or len(probs.users) != 1:
+            continue
+        mask = bias = None
+        if _is(scores, torch.masked_fill, method="masked_fill") and len(scores.args) == 3:
+            scores, mask, fill = scores.args
+            if not (isinstance(fill, float) and fill == float("-inf")):
+                continue
+        elif _is(scores, operator.add, torch.add) and len(scores.args) == 2 and not scores.kwargs:
+            a, b = scores.args
+            scaled_first = _is_matmul(a) or _is(a, operator.mul, operator.truediv, torch.mul, torch.div)
+            scores, bias = (a, b) if scaled_first else (b, a)
+            if not isinstance(_value(bias), torch.Tensor):
+                continue
+        scale = 1.0
+        if _is(scores, operator.mul, torch.mul) and len(scores.args) == 2:
+            factor = next((a for a in scores.args if isinstance(a, (int, float))), None)
+            scores, scale = (_other(scores, factor), float(factor)) if factor is not None else (None, None)
+        elif _is(scores, operator.truediv, torch.div) and len(scores.args) == 2 and not scores.kwargs:
+            divisor = scores.args[1]
+            scores, scale = (scores.args[0], 1.0 / divisor) if isinstance(divisor, (int, float)) and divisor \
+                else (None, None)
+        if scores is None or not _is_matmul(scores) or len(scores.users) != 1:
+            continue
+        q, k = scores.args[0], _transposed_last_two(scores.args[1])
+        qv, kv, vv, outv = _value(q), _value(k), _value(v), _value(out)
+        if not (k is not None and all(isinstance(t, torch.Tensor) for t in (qv, kv, vv, outv))
+                and qv.device.type == "npu" and qv.dtype in _FLOATING and qv.dim() >= 3
+                and qv.dim() == kv.dim() == vv.dim() and qv.dtype == kv.dtype == vv.dtype
+                and qv.shape[:-2] == kv.shape[:-2] == vv.shape[:-2] and kv.shape[-2] == vv.shape[-2]
+                and outv.shape == qv.shape[:-1] + vv.shape[-1:]):
+            continue
+        if mask is not None and getattr(_value(mask), "dtype", None) != torch.bool:
+            continue
+        if bias is not None and _value(bias).dtype != qv.dtype:
+            continue
+        with graph.inserting_before(out):
+            attn_mask = graph.call_function(torch.logical_not, (mask,)) if mask is not None else bias
+            fused = graph.call_function(F.scaled_dot_product_attention, (q, k, v),
+                                        {"attn_mask": attn_mask, "scale": scale})
+        _stand_in(fused, out)
+        replaced += 1
     return replaced
 
 
 def fuse_npu_ops(gm):
     """Rewrites ``gm`` (dynamo's graph) in place; returns {pattern: replacements}."""
     counts = {"rms_norm": _replace_rms_norms(gm.graph) + _replace_functional_rms_norms(gm.graph),
-              "swiglu": _replace_swiglus(gm.graph)}
+              "swiglu": _replace_swiglus(gm.graph),
+              "rotary": _replace_rotaries(gm.graph),
+              "attention": _replace_attentions(gm.graph)}
     if any(counts.values()):
         gm.graph.eliminate_dead_code()
         gm.recompile()
@@ -186,11 +360,10 @@ class NpuBackend:
         return self.inductor(gm, example_inputs)
 
 
-def npu_backend(gm, example_inputs, **kwargs):
-    """Entry point of the "npu" backend (torch_dynamo_backends): torch.compile(model, backend="npu")."""
-    fuse_npu_ops(gm)
-    from torch._inductor.compile_fx import compile_fx
-    return compile_fx(gm, example_inputs, **kwargs)
+def npu_backend(gm, example_inputs, mode=None, options=None):
+    """``torch.compile(model, backend="npu", mode=..., options=...)``: dynamo passes the
+    mode and options to a backend given by name; they are inductor's."""
+    return NpuBackend(mode, options)(gm, example_inputs)
 
 
 def register():
