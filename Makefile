@@ -70,7 +70,9 @@ runtime-sanitize: system-deps
 
 test: runtime-test pytest pytest-always-enqueue
 
+# bench_models.py adds GPT-2 and Llama rows where transformers is installed.
 bench: build
+	$(PIP) install -q -c $(VENV)/constraints.txt transformers || echo "transformers not installed: no GPT-2/Llama rows"
 	$(PY) benchmarks/run_all.py
 
 clean:

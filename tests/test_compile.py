@@ -256,8 +256,12 @@ def test_eager_fallback_when_compilation_fails():
         return torch.sin(x) + 1
 
     x = torch.randn(8, device="npu")
-    with pytest.raises(Exception, match="cannot compile aten.sin"):
+    with pytest.raises(Exception, match="cannot compile aten.sin") as error:
         torch_npu.compile(f, backend=broken_backend)(x)
+    assert 'torch_npu.compile(model, fallback="eager")' in str(error.value)   # the error says how to fall back
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(suppress_errors=True):
+        close(torch.compile(f, backend=broken_backend)(x), f(x))
     torch._dynamo.reset()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

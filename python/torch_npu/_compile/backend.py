@@ -366,11 +366,27 @@ def npu_backend(gm, example_inputs, mode=None, options=None):
     return NpuBackend(mode, options)(gm, example_inputs)
 
 
+FALLBACK_HINT = ('To run the graphs that fail to compile eagerly instead (with a warning): '
+                 'torch_npu.compile(model, fallback="eager"), or torch._dynamo.config.suppress_errors = True.')
+
+
 def register():
-    """Names the backend "npu" for torch.compile (run when dynamo's registry loads)."""
+    """Names the backend "npu" for torch.compile and makes its compile errors say how to
+    fall back to eager (run when dynamo's registry loads)."""
+    from torch._dynamo import exc
     from torch._dynamo.backends import registry
     if "npu" not in registry._COMPILER_FNS:
         registry.register_backend(compiler_fn=npu_backend, name="npu")
+    failed = exc.BackendCompilerFailed
+    if not getattr(failed, "_npu_hint", False):
+        init = failed.__init__
+
+        def __init__(self, backend_fn, inner_exception, first_useful_frame):
+            init(self, backend_fn, inner_exception, first_useful_frame)
+            self.args = (f"{self.args[0]}\n\n{FALLBACK_HINT}",) + self.args[1:] if self.args else (FALLBACK_HINT,)
+
+        failed.__init__ = __init__
+        failed._npu_hint = True
 
 
 def _eager_fallback(backend, name):
