@@ -18,16 +18,18 @@ system-deps:
 	  else echo "warning: install libgtest-dev and ccache (apt-get) for the C++ tests"; fi; \
 	fi
 
-$(VENV)/.deps:
+$(VENV)/.deps: Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch 2.13.0 (CPU build) first, pinned, so nothing pulls another torch.
 	$(PIP) install -q torch==2.13.0
 	# The rest under a constraint that pins torch, so no dependency can replace it:
 	# the doctor's plots (matplotlib) and the tests' checks (jsonschema), the
-	# digits data set of examples/cnn_digits.py (scikit-learn).
+	# digits data set of examples/cnn_digits.py (scikit-learn), and the libraries
+	# whose NPU code paths the tests run (transformers, accelerate).
 	echo "torch==2.13.0" > $(VENV)/constraints.txt
-	$(PIP) install -q -c $(VENV)/constraints.txt "numpy<3" pytest expecttest matplotlib jsonschema scikit-learn
+	$(PIP) install -q -c $(VENV)/constraints.txt "numpy<3" pytest expecttest matplotlib jsonschema scikit-learn \
+	  transformers accelerate
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.deps setup.py pyproject.toml | system-deps
@@ -70,9 +72,7 @@ runtime-sanitize: system-deps
 
 test: runtime-test pytest pytest-always-enqueue
 
-# bench_models.py adds GPT-2 and Llama rows where transformers is installed.
 bench: build
-	$(PIP) install -q -c $(VENV)/constraints.txt transformers || echo "transformers not installed: no GPT-2/Llama rows"
 	$(PY) benchmarks/run_all.py
 
 clean:

@@ -4,7 +4,7 @@ import runpy
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPTS = ["bench_foundation.py", "bench_ops.py", "bench_fused.py", "bench_profiler.py", "bench_doctor.py",
+SCRIPTS = ["bench_foundation.py", "bench_ops.py", "bench_fused.py", "bench_profiler.py", "bench_doctor.py", "bench_amp.py",
            "bench_models.py"]
 
 

@@ -218,3 +218,36 @@ def test_hf_trainer_with_the_npu_fused_adamw_matches_the_cpu(tmp_path):
     for (name, p), q in zip(on_npu.model.named_parameters(), on_cpu.model.parameters()):
         assert p.device.type == "npu", name
         assert torch.equal(p.detach().cpu(), q.detach()), name
+
+
+def test_hf_trainer_with_bf16_trains_on_the_npu_under_autocast(tmp_path):
+    """TrainingArguments(bf16=True): accelerate autocasts the npu to bfloat16; the
+    loss follows the float32 run's."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50, n_positions=16,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config)
+    rows = torch.randint(0, 50, (8, 8))
+    data = [{"input_ids": r, "labels": r} for r in rows]
+
+    def train(bf16):
+        trained = copy.deepcopy(model)
+        seen = []
+        trained.transformer.h[0].attn.c_attn.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path / str(bf16)), max_steps=20, per_device_train_batch_size=4, bf16=bf16,
+            learning_rate=1e-2, lr_scheduler_type="constant", report_to=[], save_strategy="no", logging_steps=1,
+            dataloader_pin_memory=False, disable_tqdm=True)
+        trainer = transformers.Trainer(model=trained, args=args, train_dataset=data)
+        trainer.train()
+        losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        return trainer, losses, set(seen)
+
+    mixed, mixed_losses, mixed_dtypes = train(True)
+    full, full_losses, full_dtypes = train(False)
+    assert next(mixed.model.parameters()).device.type == "npu"
+    assert mixed_dtypes == {torch.bfloat16} and full_dtypes == {torch.float32}
+    assert mixed_losses[-1] < 0.7 * mixed_losses[0]
+    assert abs(mixed_losses[-1] - full_losses[-1]) < 0.1 * full_losses[0]

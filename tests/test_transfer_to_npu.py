@@ -47,6 +47,15 @@ with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
     torch.cuda.synchronize()
 addmm = [e for e in prof.key_averages() if e.key == "aten::addmm"][0]
 assert addmm.device_time_total > 0
+
+scaler = torch.cuda.amp.GradScaler()
+with torch.autocast("cuda", dtype=torch.float16):
+    half = model(x)
+with torch.cuda.amp.autocast():
+    assert model(x).dtype == torch.float16
+assert half.dtype == torch.float16 and torch.is_autocast_enabled("npu") is False
+scaler.scale(half.float().sum()).backward()
+assert torch.amp.GradScaler("cuda").get_scale() == 65536.0 and scaler.get_scale() == 65536.0
 print("CUDA script OK")
 """
 

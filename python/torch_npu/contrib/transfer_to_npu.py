@@ -5,7 +5,9 @@ After the import, ``"cuda"`` / ``"cuda:N"`` / ``torch.device("cuda")`` given as
 a device to factory functions, ``Tensor.to``, ``Module.to``, ``torch.load``'s
 ``map_location`` and the ``new_*`` methods mean the npu; ``.cuda()`` is
 ``.npu()``; ``torch.Generator(device="cuda")`` is an npu generator; ``torch.cuda.*`` (devices, streams, events, memory, random) is
-``torch.npu.*``; ``ProfilerActivity.CUDA`` asks torch.profiler for the npu.
+``torch.npu.*``; ``ProfilerActivity.CUDA`` asks torch.profiler for the npu;
+``torch.autocast("cuda")``, ``torch.amp.GradScaler("cuda")`` and torch.cuda.amp's
+``autocast``/``GradScaler`` are the npu's mixed precision.
 Code that inspects ``tensor.device.type`` sees ``"npu"``.
 """
 import functools
@@ -106,6 +108,33 @@ def _redirect_profiler_activities():
     torch.profiler.profile.__init__ = __init__
 
 
+def _redirect_device_type_argument(cls):
+    """``cls(device_type, ...)`` with "cuda" means "npu" (autocast, GradScaler)."""
+    original = cls.__init__
+    if getattr(original, "_transfer_to_npu", False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        if "device_type" in kwargs:
+            kwargs["device_type"] = _to_npu(kwargs["device_type"])
+        elif "device" in kwargs:
+            kwargs["device"] = _to_npu(kwargs["device"])
+        elif args:
+            args = (_to_npu(args[0]),) + args[1:]
+        original(self, *args, **kwargs)
+
+    __init__._transfer_to_npu = True
+    cls.__init__ = __init__
+
+
+def _redirect_amp():
+    _redirect_device_type_argument(torch.amp.autocast_mode.autocast)
+    _redirect_device_type_argument(torch.amp.GradScaler)
+    for name in ("autocast", "GradScaler", "custom_fwd", "custom_bwd"):
+        setattr(torch.cuda.amp, name, getattr(torch.npu.amp, name))
+
+
 def apply():
     """Installs the redirections (done at import; calling it again is harmless)."""
     for name in _FACTORIES:
@@ -120,6 +149,7 @@ def apply():
         torch.Generator = _Generator
     _redirect_torch_cuda()
     _redirect_profiler_activities()
+    _redirect_amp()
 
 
 apply()

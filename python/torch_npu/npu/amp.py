@@ -1,7 +1,26 @@
-"""torch.npu.amp: as torch.cuda.amp, for the npu (accelerate creates its scaler here)."""
+"""torch.npu.amp: as torch.cuda.amp, for the npu (accelerate creates its scaler here).
+
+``autocast`` is ``torch.autocast("npu", ...)``; what it casts is registered in C++
+(csrc/amp: CUDA's op lists and policies). ``GradScaler`` is
+``torch.amp.GradScaler("npu", ...)``.
+"""
+import functools
+
 import torch
 
-__all__ = ["GradScaler"]
+__all__ = ["GradScaler", "autocast", "custom_bwd", "custom_fwd"]
+
+
+class autocast(torch.amp.autocast_mode.autocast):  # noqa: N801  (torch.cuda.amp's name)
+    """``torch.npu.amp.autocast(enabled=True, dtype=torch.float16, cache_enabled=True)``:
+    ``torch.autocast("npu", ...)`` under the name torch.cuda.amp users know."""
+
+    def __init__(self, enabled: bool = True, dtype: torch.dtype = torch.float16, cache_enabled: bool = True):
+        super().__init__("npu", enabled=enabled, dtype=dtype, cache_enabled=cache_enabled)
+
+
+custom_fwd = functools.partial(torch.amp.custom_fwd, device_type="npu")
+custom_bwd = functools.partial(torch.amp.custom_bwd, device_type="npu")
 
 
 class GradScaler(torch.amp.GradScaler):
