@@ -2,6 +2,7 @@
 // C++ call of a lower layer (this is the only file that includes torch/extension.h).
 #include <torch/csrc/Event.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/extension.h>
 
 #include <chrono>
@@ -14,6 +15,7 @@
 #include "../core/launch.h"
 #include "../core/stream.h"
 #include "../dispatch/fallback.h"
+#include "../distributed/gloo_backend.h"
 #include "../dispatch/registry.h"
 #include "../ops/host_execution.h"
 #include "../ops/native_kernel.h"
@@ -222,6 +224,17 @@ void bindDispatch(py::module_& m) {
   m.def("_unmatched_library_names", [] { return npu::ops::unmatchedLibraryNames(); });
 }
 
+void bindDistributed(py::module_& m) {
+  // c10d::Backend's Python type exists once torch.distributed has loaded; the
+  // npu backend's type derives from it, so torch_npu.distributed makes it then.
+  m.def("_init_distributed", [](py::module_ target) {
+    using npu::distributed::GlooBackend;
+    py::class_<GlooBackend, c10d::Backend, c10::intrusive_ptr<GlooBackend>>(
+        target, "GlooBackend", "The c10d backend of npu tensors: Gloo's collectives on pinned host copies.")
+        .def(py::init<c10::intrusive_ptr<c10d::Backend>, std::string>(), py::arg("gloo"), py::arg("name"));
+  });
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -233,4 +246,5 @@ PYBIND11_MODULE(_C, m) {
   bindMemory(m);
   bindRandom(m);
   bindDispatch(m);
+  bindDistributed(m);
 }

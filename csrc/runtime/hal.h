@@ -149,6 +149,10 @@ class Device {
   virtual void free(void* ptr) = 0;
   virtual bool owns(const void* ptr) const = 0;
   virtual void memoryInfo(std::size_t* free, std::size_t* total) const = 0;
+  // Whether host code may read and write this device's memory directly (unified
+  // or host-mapped memory), in stream order: once the stream's work is done.
+  // Without it, data reaches the host only through copies.
+  virtual bool hostAddressable() const { return false; }
 
   virtual Stream& defaultStream() = 0;
   virtual Stream& createStream(int priority) = 0;  // lives as long as the device

@@ -62,6 +62,8 @@ from ._compile.backend import compile  # noqa: E402
 
 _compile.install()  # torch.compile: the npu registers with dynamo/inductor when they load
 
+from . import distributed  # noqa: E402  (the "hccl" c10d backend for npu tensors)
+
 # Backward of npu graphs runs on the calling thread, not on PyTorch's per-device
 # autograd thread. The cause, seen in a core dump of the abort at exit: the device
 # thread drops the last reference to a finished GraphTask after backward() has

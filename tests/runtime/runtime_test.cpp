@@ -135,6 +135,7 @@ TEST(Memory, AllocateWithinCapacityIsAlignedAndCounted) {
   void* a = device.allocate(100);  // rounded up to 128
   ASSERT_NE(a, nullptr);
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a) % 64, 0u);
+  EXPECT_TRUE(device.hostAddressable());  // the memset below is what the flag promises
   std::memset(a, 0xab, 100);
   device.memoryInfo(&free, &total);
   EXPECT_EQ(free, 1 * MiB - 128);

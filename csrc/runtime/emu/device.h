@@ -22,6 +22,8 @@ class EmuDevice final : public Device {
   void free(void* ptr) override;
   bool owns(const void* ptr) const override;
   void memoryInfo(std::size_t* free, std::size_t* total) const override;
+  // The emulated device's memory is host memory.
+  bool hostAddressable() const override { return true; }
 
   Stream& defaultStream() override;
   Stream& createStream(int priority) override;

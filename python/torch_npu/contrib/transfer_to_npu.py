@@ -7,7 +7,9 @@ a device to factory functions, ``Tensor.to``, ``Module.to``, ``torch.load``'s
 ``.npu()``; ``torch.Generator(device="cuda")`` is an npu generator; ``torch.cuda.*`` (devices, streams, events, memory, random) is
 ``torch.npu.*``; ``ProfilerActivity.CUDA`` asks torch.profiler for the npu;
 ``torch.autocast("cuda")``, ``torch.amp.GradScaler("cuda")`` and torch.cuda.amp's
-``autocast``/``GradScaler`` are the npu's mixed precision.
+``autocast``/``GradScaler`` are the npu's mixed precision; the "nccl"
+backend (``init_process_group("nccl")``, ``"cpu:gloo,cuda:nccl"``) is the
+npu's "hccl".
 Code that inspects ``tensor.device.type`` sees ``"npu"``.
 """
 import functools
@@ -135,6 +137,43 @@ def _redirect_amp():
         setattr(torch.cuda.amp, name, getattr(torch.npu.amp, name))
 
 
+def _to_hccl(backend):
+    """"nccl" -> "hccl", "cpu:gloo,cuda:nccl" -> "cpu:gloo,npu:hccl"; anything else unchanged."""
+    if not isinstance(backend, str):
+        return backend
+    pairs = []
+    for part in backend.split(","):
+        device, sep, name = part.rpartition(":")
+        name = "hccl" if name.strip().lower() == "nccl" else name
+        device = "npu" if device.strip().lower() == "cuda" else device
+        pairs.append(f"{device}{sep}{name}")
+    return ",".join(pairs)
+
+
+def _redirect_nccl():
+    import torch.distributed as dist
+    if not dist.is_available():
+        return
+    c10d = dist.distributed_c10d
+    for name, position in (("init_process_group", 0), ("new_group", 2)):
+        original = getattr(c10d, name)
+        if getattr(original, "_transfer_to_npu", False):
+            continue
+
+        def redirected(*args, _original=original, _position=position, **kwargs):
+            if "backend" in kwargs:
+                kwargs["backend"] = _to_hccl(kwargs["backend"])
+            elif len(args) > _position:
+                args = args[:_position] + (_to_hccl(args[_position]),) + args[_position + 1:]
+            return _original(*args, **kwargs)
+
+        redirected = functools.wraps(original)(redirected)
+        redirected._transfer_to_npu = True
+        setattr(c10d, name, redirected)
+        setattr(dist, name, redirected)
+    dist.is_nccl_available = lambda: True
+
+
 def apply():
     """Installs the redirections (done at import; calling it again is harmless)."""
     for name in _FACTORIES:
@@ -150,6 +189,7 @@ def apply():
     _redirect_torch_cuda()
     _redirect_profiler_activities()
     _redirect_amp()
+    _redirect_nccl()
 
 
 apply()

@@ -1,0 +1,350 @@
+#include "gloo_backend.h"
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <utility>
+
+#include "../core/launch.h"
+#include "../core/stream.h"
+#include "../runtime/hal.h"
+
+namespace npu::distributed {
+
+namespace {
+
+// NPU_DIST_STAGING=1: stage through pinned host memory even where the device's
+// memory is host-addressable (what a device with separate memory does).
+bool stagingForced() {
+  const char* value = std::getenv("NPU_DIST_STAGING");
+  if (value == nullptr || *value == '\0' || std::string(value) == "0") return false;
+  TORCH_CHECK_VALUE(std::string(value) == "1", "NPU_DIST_STAGING='", value,
+                    "' is not a switch; use 1 (always stage collectives through pinned host memory) or 0");
+  return true;
+}
+
+bool hostAddressable(const at::Tensor& t) {
+  return runtime::hal().device(t.device().index()).hostAddressable();
+}
+
+// The host tensors of one collective. An npu tensor Gloo may use in place (its
+// device's memory is host-addressable, it is contiguous) is given to Gloo as a
+// cpu alias once its stream's work is done; any other npu tensor is staged in
+// the backend's pinned host buffer and, if Gloo writes it, copied back when the
+// collective has finished. cpu tensors are used as they are.
+class Staging {
+ public:
+  Staging(const char* op, const std::string& backend, HostBuffer& buffer, bool always_stage)
+      : op_(op), backend_(backend), buffer_(buffer), always_stage_(always_stage) {
+    buffer_.reset();
+  }
+
+  // What Gloo reads.
+  at::Tensor input(const at::Tensor& t) { return stage(t, /*copy_in=*/true, /*copy_back=*/false); }
+  // What Gloo writes.
+  at::Tensor output(const at::Tensor& t) { return stage(t, false, true); }
+  // What Gloo reads and overwrites (allreduce, broadcast).
+  at::Tensor inout(const at::Tensor& t) { return stage(t, true, true); }
+
+  template <typename F>
+  std::vector<at::Tensor> each(const std::vector<at::Tensor>& tensors, F stage_one) {
+    std::vector<at::Tensor> out;
+    out.reserve(tensors.size());
+    for (const auto& t : tensors) out.push_back((this->*stage_one)(t));
+    return out;
+  }
+  std::vector<std::vector<at::Tensor>> outputs(const std::vector<std::vector<at::Tensor>>& lists) {
+    std::vector<std::vector<at::Tensor>> out;
+    for (const auto& list : lists) out.push_back(each(list, &Staging::output));
+    return out;
+  }
+  std::vector<std::vector<at::Tensor>> inputs(const std::vector<std::vector<at::Tensor>>& lists) {
+    std::vector<std::vector<at::Tensor>> out;
+    for (const auto& list : lists) out.push_back(each(list, &Staging::input));
+    return out;
+  }
+
+  // Runs Gloo's collective on the host tensors, waits for it, and copies the
+  // staged results back: the collective is complete when this returns.
+  template <typename Call>
+  c10::intrusive_ptr<c10d::Work> run(Call&& call) {
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = call();
+      work->wait();
+    } catch (const std::exception& e) {
+      const auto* error = dynamic_cast<const c10::Error*>(&e);
+      C10_THROW_ERROR(DistBackendError,
+                      c10::str("c10d::", op_, " on ", device_, " (the ", backend_, " backend: Gloo on the host) failed: ",
+                               error != nullptr ? error->what_without_backtrace() : e.what(),
+                               "\nIf a peer process exited or stopped, its own output says why; the wait is "
+                               "bounded by the group's timeout (init_process_group(timeout=...))."));
+    }
+    for (auto& [device, host] : back_) device.copy_(host);
+    return work;
+  }
+
+ private:
+  at::Tensor stage(const at::Tensor& t, bool copy_in, bool copy_back) {
+    if (!t.defined() || t.device().is_cpu()) return t;
+    TORCH_CHECK_VALUE(t.device().type() == c10::DeviceType::PrivateUse1, "c10d::", op_, " (the ", backend_,
+                      " backend) takes npu and cpu tensors, got one on ", t.device(),
+                      "; move it to the npu first (.npu())");
+    TORCH_CHECK_VALUE(t.layout() == at::kStrided, "c10d::", op_, " (the ", backend_,
+                      " backend) takes dense tensors, got a ", t.layout(), " tensor on ", t.device(),
+                      "; call .to_dense() first");
+    device_ = t.device();
+    if (!always_stage_ && t.is_contiguous() && hostAddressable(t)) {
+      synchronizeStream(currentStream(t.device().index()), "c10d collective");  // its producers are done
+      return cpuAlias(t);
+    }
+    at::Tensor host = buffer_.take(t.sizes(), t.scalar_type());
+    if (copy_in) host.copy_(t);  // waits for the work queued on t's stream
+    if (copy_back) back_.emplace_back(t, host);
+    return host;
+  }
+
+  const char* op_;
+  const std::string& backend_;
+  HostBuffer& buffer_;
+  bool always_stage_;
+  c10::Device device_{c10::kCPU};
+  std::vector<std::pair<at::Tensor, at::Tensor>> back_;  // (npu tensor, its host copy)
+};
+
+// The Work of a collective that has finished: its result and its future's
+// value are the output tensors (what DDP's reducer reads), and a receive from
+// any source reports the rank it heard from.
+class FinishedWork final : public c10d::Work {
+ public:
+  explicit FinishedWork(std::vector<at::Tensor> outputs, int source_rank = -1)
+      : outputs_(std::move(outputs)),
+        source_rank_(source_rank),
+        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+    future_->markCompleted(c10::IValue(outputs_));
+    finish();
+  }
+  bool isCompleted() override { return true; }
+  bool isSuccess() const override { return true; }
+  bool wait(std::chrono::milliseconds /*timeout*/) override { return true; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  int sourceRank() const override { return source_rank_; }
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  int source_rank_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+c10::intrusive_ptr<c10d::Work> completed(std::vector<at::Tensor> outputs) {
+  return c10::make_intrusive<FinishedWork>(std::move(outputs));
+}
+
+std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<at::Tensor> out;
+  for (const auto& list : lists) out.insert(out.end(), list.begin(), list.end());
+  return out;
+}
+
+}  // namespace
+
+at::Tensor HostBuffer::take(at::IntArrayRef sizes, at::ScalarType dtype) {
+  constexpr std::size_t kAlign = 64;
+  const std::size_t nbytes = c10::multiply_integers(sizes) * c10::elementSize(dtype);
+  std::size_t offset = (used_ + kAlign - 1) / kAlign * kAlign;
+  if (!block_.defined() || offset + nbytes > static_cast<std::size_t>(block_.numel())) {
+    // A new block; tensors taken from the old one keep it alive until they go.
+    const auto capacity = std::max<std::size_t>(nbytes, 2 * static_cast<std::size_t>(block_.defined() ? block_.numel() : 0));
+    block_ = at::empty({static_cast<int64_t>(capacity)}, at::TensorOptions(at::kByte).pinned_memory(true));
+    offset = 0;
+  }
+  used_ = offset + nbytes;
+  return block_.narrow(0, static_cast<int64_t>(offset), static_cast<int64_t>(nbytes)).view(dtype).view(sizes);
+}
+
+GlooBackend::GlooBackend(c10::intrusive_ptr<c10d::Backend> gloo, std::string name)
+    : c10d::Backend(gloo->getRank(), gloo->getSize()),
+      gloo_(std::move(gloo)),
+      name_(std::move(name)),
+      always_stage_(stagingForced()) {}
+
+c10::intrusive_ptr<c10d::Work> GlooBackend::broadcast(std::vector<at::Tensor>& tensors,
+                                                      const c10d::BroadcastOptions& opts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Staging s("broadcast", name_, buffer_, always_stage_);
+  auto host = s.each(tensors, &Staging::inout);
+  s.run([&] { return gloo_->broadcast(host, opts); });
+  return completed(tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> GlooBackend::allreduce(std::vector<at::Tensor>& tensors,
+                                                      const c10d::AllreduceOptions& opts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Staging s("allreduce", name_, buffer_, always_stage_);
+  auto host = s.each(tensors, &Staging::inout);
+  s.run([&] { return gloo_->allreduce(host, opts); });
+  return completed(tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> GlooBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                const c10d::AllreduceCoalescedOptions& opts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Staging s("allreduce_coalesced", name_, buffer_, always_stage_);
+  auto host = s.each(tensors, &Staging::inout);
+  s.run([&] { return gloo_->allreduce_coalesced(host, opts); });
+  return completed(tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> GlooBackend::reduce(std::vector<at::Tensor>& tensors,
+                                                   const c10d::ReduceOptions& opts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Staging s("reduce", name_, buffer_, always_stage_);
+  auto host = s.each(tensors, &Staging::inout);
+  s.run([&] { return gloo_->reduce(host, opts); });
+  return completed(tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> GlooBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                      std::vector<at::Tensor>& inputs,
+                                                      const c10d::AllgatherOptions& opts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Staging s("allgather", name_, buffer_, always_stage_);
+  auto host_in = s.each(inputs, &Staging::input);
+  auto host_out = s.outputs(outputs);
+  s.run([&] { return gloo_->allgather(host_out, host_in, opts); });
+  return completed(flatten(outputs));
+}
+
+c10::intrusive_ptr<c10d::Work> GlooBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                            const c10d::AllgatherOptions& opts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Staging s("_allgather_base", name_, buffer_, always_stage_);
+  auto host_in = s.input(input);
+  auto host_out = s.output(output);
+  s.run([&] { return gloo_->_allgather_base(host_out, host_in, opts); });
+  return completed({output});
+}
+
+c10::intrusive_ptr<c10d::Work> GlooBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                            std::vector<at::Tensor>& inputs,
+                                                                            const c10d::AllgatherOptions& opts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Staging s("allgather_into_tensor_coalesced", name_, buffer_, always_stage_);
+  auto host_in = s.each(inputs, &Staging::input);
+  auto host_out = s.each(outputs, &Staging::output);
+  s.run([&] { return gloo_->allgather_into_tensor_coalesced(host_out, host_in, opts); });
+  return completed(outputs);
+}
+
+c10::intrusive_ptr<c10d::Work> GlooBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                   std::vector<at::Tensor>& inputs,
+                                                   const c10d::GatherOptions& opts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Staging s("gather", name_, buffer_, always_stage_);
+  auto host_in = s.each(inputs, &Staging::input);
+  auto host_out = s.outputs(outputs);
+  s.run([&] { return gloo_->gather(host_out, host_in, opts); });
+  return completed(flatten(outputs));
+}
+
+c10::intrusive_ptr<c10d::Work> GlooBackend::scatter(std::vector<at::Tensor>& outputs,
+                                                    std::vector<std::vector<at::Tensor>>& inputs,
+                                                    const c10d::ScatterOptions& opts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Staging s("scatter", name_, buffer_, always_stage_);
+  auto host_in = s.inputs(inputs);
+  auto host_out = s.each(outputs, &Staging::output);
+  s.run([&] { return gloo_->scatter(host_out, host_in, opts); });
+  return completed(outputs);
+}
+
+c10::intrusive_ptr<c10d::Work> GlooBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                                           const c10d::ReduceScatterOptions& opts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Staging s("reduce_scatter", name_, buffer_, always_stage_);
+  auto host_in = s.inputs(inputs);
+  auto host_out = s.each(outputs, &Staging::output);
+  s.run([&] { return gloo_->reduce_scatter(host_out, host_in, opts); });
+  return completed(outputs);
+}
+
+c10::intrusive_ptr<c10d::Work> GlooBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                 const c10d::ReduceScatterOptions& opts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Staging s("_reduce_scatter_base", name_, buffer_, always_stage_);
+  auto host_in = s.input(input);
+  auto host_out = s.output(output);
+  s.run([&] { return gloo_->_reduce_scatter_base(host_out, host_in, opts); });
+  return completed({output});
+}
+
+c10::intrusive_ptr<c10d::Work> GlooBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                            std::vector<at::Tensor>& inputs,
+                                                                            const c10d::ReduceScatterOptions& opts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Staging s("reduce_scatter_tensor_coalesced", name_, buffer_, always_stage_);
+  auto host_in = s.each(inputs, &Staging::input);
+  auto host_out = s.each(outputs, &Staging::output);
+  s.run([&] { return gloo_->reduce_scatter_tensor_coalesced(host_out, host_in, opts); });
+  return completed(outputs);
+}
+
+c10::intrusive_ptr<c10d::Work> GlooBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                          std::vector<int64_t>& output_split_sizes,
+                                                          std::vector<int64_t>& input_split_sizes,
+                                                          const c10d::AllToAllOptions& opts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Staging s("alltoall_base", name_, buffer_, always_stage_);
+  auto host_in = s.input(input);
+  auto host_out = s.output(output);
+  s.run([&] { return gloo_->alltoall_base(host_out, host_in, output_split_sizes, input_split_sizes, opts); });
+  return completed({output});
+}
+
+c10::intrusive_ptr<c10d::Work> GlooBackend::alltoall(std::vector<at::Tensor>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllToAllOptions& opts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Staging s("alltoall", name_, buffer_, always_stage_);
+  auto host_in = s.each(inputs, &Staging::input);
+  auto host_out = s.each(outputs, &Staging::output);
+  s.run([&] { return gloo_->alltoall(host_out, host_in, opts); });
+  return completed(outputs);
+}
+
+c10::intrusive_ptr<c10d::Work> GlooBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Staging s("send", name_, buffer_, always_stage_);
+  auto host = s.each(tensors, &Staging::input);
+  s.run([&] { return gloo_->send(host, dst_rank, tag); });
+  return completed(tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> GlooBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Staging s("recv", name_, buffer_, always_stage_);
+  auto host = s.each(tensors, &Staging::output);
+  s.run([&] { return gloo_->recv(host, src_rank, tag); });
+  return completed(tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> GlooBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Staging s("recvAnysource", name_, buffer_, always_stage_);
+  auto host = s.each(tensors, &Staging::output);
+  auto work = s.run([&] { return gloo_->recvAnysource(host, tag); });
+  return c10::make_intrusive<FinishedWork>(tensors, work->sourceRank());
+}
+
+c10::intrusive_ptr<c10d::Work> GlooBackend::barrier(const c10d::BarrierOptions& opts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Staging s("barrier", name_, buffer_, always_stage_);
+  s.run([&] { return gloo_->barrier(opts); });
+  return completed({});
+}
+
+}  // namespace npu::distributed

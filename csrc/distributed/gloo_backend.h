@@ -1,0 +1,96 @@
+// The c10d backend of npu tensors: Gloo's collectives run by the host.
+//
+// torch.distributed reaches a device through a c10d::Backend registered for
+// its device type. Gloo refuses npu tensors, so this backend hands Gloo host
+// tensors: where the HAL says the device's memory is host-addressable (the
+// emulated npu; unified-memory devices), a cpu alias of a contiguous npu tensor
+// once the work queued on its stream is done; otherwise (a device with separate
+// memory, or NPU_DIST_STAGING=1) a copy in pinned host memory, copied back
+// after the collective. CPU tensors go to Gloo as they are, so one group can
+// serve both devices. A collective is complete when it returns: its Work is
+// finished and its future holds the output tensors (what DDP's reducer reads).
+// Gloo never sees a tensor Python has seen, so its worker threads never need
+// the GIL to drop one.
+//
+// Gloo is created in Python (the wheel ships no gloo headers) and held here as
+// a c10d::Backend. Errors, a peer that died or the group's timeout among them,
+// are raised as DistBackendError naming the collective and the device.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace npu::distributed {
+
+// Pinned host memory for the tensors of one collective at a time: tensors are
+// taken from one block, which grows (to twice its size) when a collective
+// needs more; reset() starts the next collective at the block's start.
+class HostBuffer {
+ public:
+  at::Tensor take(at::IntArrayRef sizes, at::ScalarType dtype);
+  void reset() { used_ = 0; }
+
+ private:
+  at::Tensor block_;  // bytes
+  std::size_t used_ = 0;
+};
+
+class GlooBackend final : public c10d::Backend {
+ public:
+  // `name`: what getBackendName() reports ("hccl", or the descriptive alias).
+  GlooBackend(c10::intrusive_ptr<c10d::Backend> gloo, std::string name);
+
+  const std::string getBackendName() const override { return name_; }
+  void setTimeout(std::chrono::milliseconds timeout) override { gloo_->setTimeout(timeout); }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+ private:
+  c10::intrusive_ptr<c10d::Backend> gloo_;
+  std::string name_;
+  bool always_stage_;  // NPU_DIST_STAGING=1
+  std::mutex mutex_;   // one collective at a time uses buffer_
+  HostBuffer buffer_;
+};
+
+}  // namespace npu::distributed

@@ -1,0 +1,87 @@
+"""torch.distributed on the npu: the c10d backend "hccl" (also "npu_gloo").
+
+``torch.distributed.init_process_group()`` with no backend picks it when the
+npu is the accelerator, ``init_process_group("hccl")`` (the name transformers
+and accelerate pass for an NPU) serves npu and cpu tensors, and
+``"cpu:gloo,npu:hccl"`` routes each device to its own backend. Every
+collective runs Gloo on pinned host copies of its npu tensors and copies the
+results back (``csrc/distributed``): it is complete when it returns, so an
+``async_op=True`` Work is already finished and its future holds the outputs.
+A peer that died or stalled makes the collective raise ``DistBackendError``
+once Gloo gives up (bounded by the group's ``timeout``).
+
+One process per device: with ``NPU_EMU_DEVICES=N`` and ``torchrun
+--nproc-per-node N``, each process calls ``torch.npu.set_device(LOCAL_RANK)``
+(``local_device()`` does it from the environment).
+"""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from .. import _C
+
+BACKEND = "hccl"
+ALIAS = "npu_gloo"   # the descriptive name: Gloo for npu tensors
+
+__all__ = ["ALIAS", "BACKEND", "GlooBackend", "local_device"]
+
+
+def _creator(name):
+    def create(store, rank, size, timeout):
+        gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        return GlooBackend(gloo, name)   # noqa: F821  (made by _C._init_distributed below)
+    create.__name__ = f"create_{name}_backend"
+    return create
+
+
+def local_device():
+    """The npu of this process: ``npu:LOCAL_RANK`` (torchrun sets it), made current."""
+    index = int(os.environ.get("LOCAL_RANK", "0"))
+    if index >= torch.npu.device_count():
+        raise RuntimeError(f"torch_npu.distributed.local_device: LOCAL_RANK={index} but this process sees "
+                           f"{torch.npu.device_count()} npu device(s); start as many processes per node as "
+                           f"devices (torchrun --nproc-per-node), or raise NPU_EMU_DEVICES on the emulator")
+    torch.npu.set_device(index)
+    return torch.device("npu", index)
+
+
+def _default_to_the_npu_backend():
+    # A group whose npu tensors go to our backend has it as its default backend,
+    # as a CUDA group has NCCL. torch marks Gloo (no backend named: it knows NCCL
+    # or Gloo only) or nothing ("cpu:gloo,npu:hccl": it compares the plugin's
+    # upper-case key with the lower-case name), and the group then warns at
+    # teardown that its default backend does not exist.
+    c10d = dist.distributed_c10d
+    helper = c10d._new_process_group_helper
+    if getattr(helper, "_npu", False):
+        return
+
+    def _new_process_group_helper(*args, **kwargs):
+        pg, prefix_store = helper(*args, **kwargs)
+        try:
+            ours = isinstance(pg._get_backend(torch.device("npu")), GlooBackend)  # noqa: F821
+        except (RuntimeError, AttributeError):
+            ours = False
+        if ours:
+            pg._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+        return pg, prefix_store
+
+    _new_process_group_helper._npu = True
+    c10d._new_process_group_helper = _new_process_group_helper
+
+
+def _register():
+    if not (dist.is_available() and dist.is_gloo_available()):
+        return
+    module = sys.modules[__name__]
+    if not hasattr(module, "GlooBackend"):
+        _C._init_distributed(module)
+    for name in (BACKEND, ALIAS):
+        if name not in dist.Backend.backend_list:
+            dist.Backend.register_backend(name, _creator(name), devices=["cpu", "npu"])
+    _default_to_the_npu_backend()
+
+
+_register()
