@@ -1,6 +1,7 @@
-"""all_reduce of npu tensors over the "hccl" backend (Gloo on pinned host
-copies) against Gloo on cpu tensors, 1 KB to 64 MB, 2 processes on this
-machine (one emulated npu each). One group routes "cpu:gloo,npu:hccl", and the
+"""all_reduce of npu tensors over the "hccl" backend (Gloo on the emulated
+npu's host-addressable memory; with NPU_DIST_STAGING=1, on pinned host copies)
+against Gloo on cpu tensors, 1 KB to 64 MB, 2 processes on this machine (one
+emulated npu each). One group routes "cpu:gloo,npu:hccl", and the
 two kinds of all_reduce alternate, so both see the same machine. Printed:
 time per all_reduce and the npu/cpu ratio of bandwidth (target >= 0.8 at 64 MB).
 

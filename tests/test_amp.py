@@ -12,7 +12,9 @@ from torch.testing._internal.autocast_test_lists import AutocastTestLists
 
 import torch_npu  # noqa: F401
 
-LISTS = AutocastTestLists(torch.device("npu"))
+# The cases are collected from the lists built on the cpu; the npu's arguments are
+# built per module (npu_lists) and freed with it, so later tests find the device empty.
+CPU_LISTS = AutocastTestLists(torch.device("cpu"))
 # cuDNN's ops do not exist on an npu; the list's einsum entry is malformed (PyTorch's
 # CUDA test skips it too): einsum is checked below with arguments that fit.
 SKIPPED = {"cudnn_convolution", "cudnn_convolution_transpose", "einsum"}
@@ -28,10 +30,17 @@ def cast(value, dtype):
 
 def cases(*names):
     for name in names:
-        for entry in getattr(LISTS, name):
+        for index, entry in enumerate(getattr(CPU_LISTS, name)):
             if entry[0] in SKIPPED:
                 continue
-            yield pytest.param(name, entry, id=f"{name}-{entry[0]}")
+            yield pytest.param(name, index, id=f"{name}-{entry[0]}-{index}")
+
+
+@pytest.fixture(scope="module")
+def npu_lists():
+    lists = AutocastTestLists(torch.device("npu"))
+    yield lists
+    del lists
 
 
 MODULES = {"nn_fp16": torch._C._nn, "nn_fp32": torch._C._nn, "linalg_fp16": torch._C._linalg}
@@ -40,8 +49,9 @@ EXPECTED = {"torch_fp16": torch.float16, "nn_fp16": torch.float16, "linalg_fp16"
             "methods_fp32": torch.float32, "torch_need_autocast_promote": torch.float32}
 
 
-@pytest.mark.parametrize("list_name,entry", list(cases(*EXPECTED)))
-def test_autocast_casts_like_cuda(list_name, entry):
+@pytest.mark.parametrize("list_name,index", list(cases(*EXPECTED)))
+def test_autocast_casts_like_cuda(npu_lists, list_name, index):
+    entry = getattr(npu_lists, list_name)[index]
     op, args = entry[0], entry[1]
     kwargs = entry[2] if len(entry) > 2 and isinstance(entry[2], dict) else {}
     run_as = EXPECTED[list_name]
@@ -57,9 +67,9 @@ def test_autocast_casts_like_cuda(list_name, entry):
     torch.testing.assert_close(first, ref, equal_nan=True)
 
 
-@pytest.mark.parametrize("list_name,entry", list(cases("torch_expect_builtin_promote")))
-def test_ops_outside_the_lists_pass_through(list_name, entry):
-    op, args, out_type = entry
+@pytest.mark.parametrize("list_name,index", list(cases("torch_expect_builtin_promote")))
+def test_ops_outside_the_lists_pass_through(npu_lists, list_name, index):
+    op, args, out_type = getattr(npu_lists, list_name)[index]
     with torch.autocast("npu", dtype=torch.float16):
         out = getattr(torch, op)(*args)
     expected = getattr(torch, op)(*args)

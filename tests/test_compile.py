@@ -143,6 +143,36 @@ def test_the_npu_backend_fuses_written_out_rotary_and_attention():
     assert backend.fused == {"rms_norm": 0, "swiglu": 0, "rotary": 2, "attention": 2}
 
 
+class LookAlikes(nn.Module):
+    """Compositions that resemble rotary and attention but mean something else: left alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(8, 8))          # learned: the flash kernel has no gradient for it
+
+    def forward(self, q, k, v, cos, sin, mask):
+        a, b = q.chunk(2, dim=-1)
+        not_rotary = q * cos + torch.cat((a, -b), dim=-1) * sin              # the signs swapped
+        scores = q @ k.transpose(-2, -1) * 0.25
+        finite_fill = torch.softmax(scores.masked_fill(mask, -1e4), dim=-1) @ v
+        other_dtype = torch.softmax(scores, dim=-1, dtype=torch.float64).float() @ v
+        learned = torch.softmax(scores + self.bias, dim=-1) @ v
+        flat = q.flatten(0, 1)                                               # 3-D attention
+        three_d = torch.softmax(flat @ flat.transpose(-2, -1), dim=-1) @ flat
+        return not_rotary + finite_fill + other_dtype + learned + three_d.view_as(q)
+
+
+def test_the_npu_backend_leaves_look_alikes_alone():
+    from torch_npu._compile.backend import NpuBackend
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 8, 8, device="npu") for _ in range(3))
+    inputs = (q, k, v, torch.randn(8, 8, device="npu"), torch.randn(8, 8, device="npu"),
+              torch.ones(8, 8, dtype=torch.bool, device="npu").triu(1))
+    backend = NpuBackend()
+    check_compiled_matches_eager(LookAlikes().npu(), *inputs, tol=1e-4, backend=backend)
+    assert backend.fused == {"rms_norm": 0, "swiglu": 0, "rotary": 0, "attention": 0}
+
+
 def test_the_npu_backend_by_name_takes_inductors_options():
     def f(x, w):
         gate, value = (x @ w).chunk(2, dim=-1)
@@ -152,6 +182,10 @@ def test_the_npu_backend_by_name_takes_inductors_options():
     for kwargs in ({}, {"mode": "max-autotune-no-cudagraphs"}, {"options": {"max_autotune": False}}):
         torch._dynamo.reset()
         close(torch.compile(f, backend="npu", **kwargs)(x, w), f(x, w))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="no-such-mode"):       # the mode reaches inductor
+        torch.compile(f, backend="npu", mode="no-such-mode")(x, w)
+    torch._dynamo.reset()
 
 
 def generated_kernels(fn, *inputs):

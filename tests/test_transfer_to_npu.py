@@ -56,6 +56,7 @@ with torch.cuda.amp.autocast():
 assert half.dtype == torch.float16 and torch.is_autocast_enabled("npu") is False
 scaler.scale(half.float().sum()).backward()
 assert torch.amp.GradScaler("cuda").get_scale() == 65536.0 and scaler.get_scale() == 65536.0
+assert torch.amp.GradScaler()._device == "npu"      # its default device, "cuda", means the npu
 print("CUDA script OK")
 """
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <utility>
 
 #include "../core/launch.h"
@@ -27,6 +28,22 @@ bool stagingForced() {
 
 bool hostAddressable(const at::Tensor& t) {
   return runtime::hal().device(t.device().index()).hostAddressable();
+}
+
+// Waits for Gloo's work; its failure (a peer that closed its connection, the
+// group's timeout) becomes a DistBackendError naming the collective and device.
+void waitFor(c10d::Work& work, const char* op, c10::Device device, const std::string& backend,
+             std::chrono::milliseconds timeout = kNoTimeout) {
+  try {
+    work.wait(timeout);
+  } catch (const std::exception& e) {
+    const auto* error = dynamic_cast<const c10::Error*>(&e);
+    C10_THROW_ERROR(DistBackendError,
+                    c10::str("c10d::", op, " on ", device, " (the ", backend, " backend: Gloo on the host) failed: ",
+                             error != nullptr ? error->what_without_backtrace() : e.what(),
+                             "\nIf a peer process exited or stopped, its own output says why; the wait is "
+                             "bounded by the group's timeout (init_process_group(timeout=...))."));
+  }
 }
 
 // The host tensors of one collective. An npu tensor Gloo may use in place (its
@@ -67,21 +84,12 @@ class Staging {
   }
 
   // Runs Gloo's collective on the host tensors, waits for it, and copies the
-  // staged results back: the collective is complete when this returns.
+  // staged results back: the collective is complete when this returns. Errors
+  // of the call itself (arguments Gloo refuses) propagate as they are.
   template <typename Call>
   c10::intrusive_ptr<c10d::Work> run(Call&& call) {
-    c10::intrusive_ptr<c10d::Work> work;
-    try {
-      work = call();
-      work->wait();
-    } catch (const std::exception& e) {
-      const auto* error = dynamic_cast<const c10::Error*>(&e);
-      C10_THROW_ERROR(DistBackendError,
-                      c10::str("c10d::", op_, " on ", device_, " (the ", backend_, " backend: Gloo on the host) failed: ",
-                               error != nullptr ? error->what_without_backtrace() : e.what(),
-                               "\nIf a peer process exited or stopped, its own output says why; the wait is "
-                               "bounded by the group's timeout (init_process_group(timeout=...))."));
-    }
+    c10::intrusive_ptr<c10d::Work> work = call();
+    waitFor(*work, op_, device_, backend_);
     for (auto& [device, host] : back_) device.copy_(host);
     return work;
   }
@@ -138,6 +146,80 @@ class FinishedWork final : public c10d::Work {
   int source_rank_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
+
+// A send or receive in flight. Point-to-point work cannot complete before it
+// returns: a Gloo send waits for the peer's receive, so two ranks that both
+// send first (batch_isend_irecv's rings) would wait for each other. The npu
+// tensors are staged in host memory of this work's own (pinned, owned by
+// Gloo's work as long as it runs); wait() copies a received tensor back.
+class PendingWork final : public c10d::Work {
+ public:
+  PendingWork(c10::intrusive_ptr<c10d::Work> gloo, const char* op, const std::string& backend, c10::Device device,
+              std::vector<std::pair<at::Tensor, at::Tensor>> back, std::vector<at::Tensor> tensors)
+      : gloo_(std::move(gloo)), op_(op), backend_(backend), device_(device), back_(std::move(back)),
+        tensors_(std::move(tensors)) {}
+
+  bool isCompleted() override { return gloo_->isCompleted() && (finishOnce(kNoTimeout), true); }
+  bool isSuccess() const override { return gloo_->isSuccess(); }
+  int sourceRank() const override { return gloo_->sourceRank(); }
+  std::vector<at::Tensor> result() override { return tensors_; }
+  bool wait(std::chrono::milliseconds timeout) override {
+    finishOnce(timeout);
+    return true;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    finishOnce(kNoTimeout);  // the future of a point-to-point op is a finished one
+    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    future->markCompleted(c10::IValue(tensors_));
+    return future;
+  }
+
+ private:
+  void finishOnce(std::chrono::milliseconds timeout) {
+    std::lock_guard<std::mutex> lock(finish_mutex_);
+    if (finished_) return;
+    waitFor(*gloo_, op_, device_, backend_, timeout);
+    for (auto& [device, host] : back_) device.copy_(host);
+    back_.clear();
+    finished_ = true;
+    finish();
+  }
+
+  c10::intrusive_ptr<c10d::Work> gloo_;
+  const char* op_;
+  std::string backend_;
+  c10::Device device_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> back_;  // (npu tensor, host copy) received
+  std::vector<at::Tensor> tensors_;
+  std::mutex finish_mutex_;
+  bool finished_ = false;
+};
+
+// The host tensors Gloo sends from or receives into, for one point-to-point op:
+// cpu tensors as they are, npu tensors staged in fresh pinned memory.
+std::vector<at::Tensor> stagePointToPoint(const std::vector<at::Tensor>& tensors, bool receive, const char* op,
+                                          const std::string& backend, c10::Device* device,
+                                          std::vector<std::pair<at::Tensor, at::Tensor>>* back) {
+  std::vector<at::Tensor> host;
+  for (const auto& t : tensors) {
+    if (t.device().is_cpu()) {
+      host.push_back(t);
+      continue;
+    }
+    TORCH_CHECK_VALUE(t.device().type() == c10::DeviceType::PrivateUse1 && t.layout() == at::kStrided, "c10d::", op,
+                      " (the ", backend, " backend) takes dense npu and cpu tensors, got a ", t.layout(),
+                      " tensor on ", t.device());
+    *device = t.device();
+    at::Tensor staged = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+    if (receive) {
+      back->emplace_back(t, staged);
+    } else {
+      staged.copy_(t);  // waits for the work queued on t's stream
+    }
+    host.push_back(staged);
+  }
+  return host;
+}
 
 c10::intrusive_ptr<c10d::Work> completed(std::vector<at::Tensor> outputs) {
   return c10::make_intrusive<FinishedWork>(std::move(outputs));
@@ -317,27 +399,46 @@ c10::intrusive_ptr<c10d::Work> GlooBackend::alltoall(std::vector<at::Tensor>& ou
 }
 
 c10::intrusive_ptr<c10d::Work> GlooBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Staging s("send", name_, buffer_, always_stage_);
-  auto host = s.each(tensors, &Staging::input);
-  s.run([&] { return gloo_->send(host, dst_rank, tag); });
-  return completed(tensors);
+  return pointToPoint("send", tensors, false, [&](std::vector<at::Tensor>& host) {
+    return gloo_->send(host, dst_rank, tag);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> GlooBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Staging s("recv", name_, buffer_, always_stage_);
-  auto host = s.each(tensors, &Staging::output);
-  s.run([&] { return gloo_->recv(host, src_rank, tag); });
-  return completed(tensors);
+  return pointToPoint("recv", tensors, true, [&](std::vector<at::Tensor>& host) {
+    return gloo_->recv(host, src_rank, tag);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> GlooBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  return pointToPoint("recvAnysource", tensors, true, [&](std::vector<at::Tensor>& host) {
+    return gloo_->recvAnysource(host, tag);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> GlooBackend::pointToPoint(
+    const char* op, std::vector<at::Tensor>& tensors, bool receive,
+    const std::function<c10::intrusive_ptr<c10d::Work>(std::vector<at::Tensor>&)>& start) {
+  c10::Device device(c10::kCPU);
+  std::vector<std::pair<at::Tensor, at::Tensor>> back;
+  auto host = stagePointToPoint(tensors, receive, op, name_, &device, &back);
+  auto work = start(host);
+  return c10::make_intrusive<PendingWork>(std::move(work), op, name_, device, std::move(back), tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> GlooBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                std::vector<at::Tensor>& inputs,
+                                                                const c10d::AllgatherOptions& opts) {
   std::lock_guard<std::mutex> lock(mutex_);
-  Staging s("recvAnysource", name_, buffer_, always_stage_);
-  auto host = s.each(tensors, &Staging::output);
-  auto work = s.run([&] { return gloo_->recvAnysource(host, tag); });
-  return c10::make_intrusive<FinishedWork>(tensors, work->sourceRank());
+  Staging s("allgather_coalesced", name_, buffer_, always_stage_);
+  auto host_in = s.each(inputs, &Staging::input);
+  auto host_out = s.outputs(outputs);
+  s.run([&] { return gloo_->allgather_coalesced(host_out, host_in, opts); });
+  return completed(flatten(outputs));
+}
+
+void GlooBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  gloo_->monitoredBarrier(opts, wait_all_ranks);
 }
 
 c10::intrusive_ptr<c10d::Work> GlooBackend::barrier(const c10d::BarrierOptions& opts) {

@@ -9,8 +9,10 @@
 // after the collective. CPU tensors go to Gloo as they are, so one group can
 // serve both devices. A collective is complete when it returns: its Work is
 // finished and its future holds the output tensors (what DDP's reducer reads).
-// Gloo never sees a tensor Python has seen, so its worker threads never need
-// the GIL to drop one.
+// Point-to-point ops return at once (a send waits for the peer's receive) and
+// finish in wait(). The npu tensors Gloo sees are aliases or copies made here,
+// never the tensors Python holds: its worker threads never need the GIL to drop
+// one (cpu tensors are Gloo's as they are, as without torch_npu).
 //
 // Gloo is created in Python (the wheel ships no gloo headers) and held here as
 // a c10d::Backend. Errors, a peer that died or the group's timeout among them,
@@ -19,6 +21,7 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -84,8 +87,19 @@ class GlooBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+  void setSequenceNumberForGroup() override { gloo_->setSequenceNumberForGroup(); }
+  uint64_t getSequenceNumberForGroup() override { return gloo_->getSequenceNumberForGroup(); }
 
  private:
+  // Starts a send or receive of `tensors` (staged on the host) and returns its pending Work.
+  c10::intrusive_ptr<c10d::Work> pointToPoint(
+      const char* op, std::vector<at::Tensor>& tensors, bool receive,
+      const std::function<c10::intrusive_ptr<c10d::Work>(std::vector<at::Tensor>&)>& start);
+
   c10::intrusive_ptr<c10d::Backend> gloo_;
   std::string name_;
   bool always_stage_;  // NPU_DIST_STAGING=1

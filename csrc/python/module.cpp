@@ -230,7 +230,8 @@ void bindDistributed(py::module_& m) {
   m.def("_init_distributed", [](py::module_ target) {
     using npu::distributed::GlooBackend;
     py::class_<GlooBackend, c10d::Backend, c10::intrusive_ptr<GlooBackend>>(
-        target, "GlooBackend", "The c10d backend of npu tensors: Gloo's collectives on pinned host copies.")
+        target, "GlooBackend", "The c10d backend of npu tensors: Gloo's collectives run by the host, on host-addressable npu memory or on "
+        "pinned host copies.")
         .def(py::init<c10::intrusive_ptr<c10d::Backend>, std::string>(), py::arg("gloo"), py::arg("name"));
   });
 }

@@ -55,6 +55,11 @@ out = torch.empty(12, device=device)
 dist.all_gather_into_tensor(out, ranked())
 check("all_gather_into_tensor", out, torch.cat(every))
 
+shards = torch.zeros(12, device=device)        # FSDP's pattern: the input is this rank's slice of the output
+shards[6 * rank:6 * rank + 6] = ranked()
+dist.all_gather_into_tensor(shards, shards[6 * rank:6 * rank + 6])
+check("all_gather_into_tensor in place", shards, torch.cat(every))
+
 out = torch.empty(3, device=device)
 dist.reduce_scatter_tensor(out, ranked())
 check("reduce_scatter_tensor", out, sum(every)[3 * rank:3 * rank + 3])
@@ -101,6 +106,13 @@ else:
     dist.recv(got, src=0)
     check("recv", got, every[0])
     dist.isend(ranked(), dst=0).wait()
+
+# A ring in which every rank sends before it receives: sends must not wait for the peer.
+received = torch.empty(6, device=device)
+for request in dist.batch_isend_irecv([dist.P2POp(dist.isend, ranked(), (rank + 1) % world),
+                                       dist.P2POp(dist.irecv, received, (rank - 1) % world)]):
+    request.wait()
+check("batch_isend_irecv ring", received, every[(rank - 1) % world])
 
 t = ranked()
 work = dist.all_reduce(t, async_op=True)

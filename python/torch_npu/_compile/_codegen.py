@@ -15,6 +15,9 @@ backend.
 import contextlib
 import functools
 import sys
+import threading
+
+import sympy
 
 import torch
 from torch._inductor import ir as _ir
@@ -27,6 +30,7 @@ from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen  # noqa: F401  (torch.npu.WrapperFxCodegen)
+from torch._inductor.utils import sympy_product
 from torch._inductor.virtualized import V
 
 _CPU = torch.device("cpu")
@@ -113,15 +117,19 @@ def _replace(module, name, make):
             _lowering.lowerings[op] = replacement
 
 
+# What the current thread's lowering has asked for (see _arg_reductions, _division).
+_lowering_state = threading.local()
+
+
 @contextlib.contextmanager
-def _swapped(module, name, value):
-    """``module.name`` is ``value`` for the duration (lowering runs on one thread)."""
-    original = getattr(module, name)
-    setattr(module, name, value)
+def _flagged(name):
+    """Sets ``_lowering_state.<name>`` for this thread for the duration."""
+    previous = getattr(_lowering_state, name, False)
+    setattr(_lowering_state, name, True)
     try:
         yield
     finally:
-        setattr(module, name, original)
+        setattr(_lowering_state, name, previous)
 
 
 # Inductor asks "is this the cpu?" where it means "is this compiled by the C++
@@ -181,41 +189,59 @@ def _arg_reductions():
     # count positions in the logical order; inductor does so for Triton and the
     # C++ backend ("is_triton(x) or cpu"). Without this the npu returned the
     # position in memory: a wrong answer, not a slow one.
-    def make(original):
+    def make_inner(original):
         def make_reduction_inner(x, *, reduction_type=None, **kwargs):
             if reduction_type in _ARG_REDUCTIONS and _on_npu(x):
-                is_triton = _lowering.is_triton
-                with _swapped(_lowering, "is_triton", lambda node: _on_npu(node) or is_triton(node)):
+                with _flagged("arg_reduction"):
                     return original(x, reduction_type=reduction_type, **kwargs)
             return original(x, reduction_type=reduction_type, **kwargs)
         return make_reduction_inner
-    _replace(_lowering, "_make_reduction_inner", make)
+
+    def make_is_triton(original):
+        def is_triton(node):
+            return (getattr(_lowering_state, "arg_reduction", False) and _on_npu(node)) or original(node)
+        return is_triton
+
+    _replace(_lowering, "_make_reduction_inner", make_inner)
+    _lowering.is_triton = functools.wraps(_lowering.is_triton)(make_is_triton(_lowering.is_triton))
 
 
 def _division():
     # x / constant stays a division, as on the cpu: multiplying by the
     # reciprocal (the GPU rewrite) rounds differently from eager's kernels.
-    def make(original):
+    def make_div(original):
         def div_prim(a, b):
             if _on_npu(a) or _on_npu(b):
-                with _swapped(_lowering, "get_constant_value", lambda x: None):
+                with _flagged("keep_division"):
                     return original(a, b)
             return original(a, b)
         return div_prim
-    _replace(_lowering, "div_prim", make)
+
+    def make_constant(original):
+        def get_constant_value(x):
+            return None if getattr(_lowering_state, "keep_division", False) else original(x)
+        return get_constant_value
+
+    _replace(_lowering, "div_prim", make_div)
+    _lowering.get_constant_value = functools.wraps(_lowering.get_constant_value)(
+        make_constant(_lowering.get_constant_value))
 
 
 def _variance():
     # var/var_mean of up to config.cpp.use_two_step_variance_threshold elements
-    # are computed in two passes (mean, then squared deviations), as on the cpu:
-    # the rest of inductor's rule is the same for every non-Triton device.
+    # are computed in two passes (mean, then squared deviations), as on the cpu
+    # (inductor's rule for "cpu", restated: it tests the device type).
     def make(original):
         def use_two_step_variance(x, axis, keepdim, input_dtype):
-            if _on_npu(x):
-                config = torch._inductor.config
-                with config.patch(unroll_reductions_threshold=config.cpp.use_two_step_variance_threshold):
-                    return original(x, axis, keepdim, input_dtype)
-            return original(x, axis, keepdim, input_dtype)
+            if not _on_npu(x):
+                return original(x, axis, keepdim, input_dtype)
+            kwargs = _lowering._make_reduction_inner(x, axis=axis, keepdims=keepdim, dtype=None,
+                                                     override_return_dtype=None)
+            numel = sympy_product(kwargs["reduction_ranges"])
+            if not isinstance(numel, sympy.Integer):
+                return False
+            return (int(numel) <= torch._inductor.config.cpp.use_two_step_variance_threshold
+                    and sympy_product(kwargs["ranges"]) != 1)
         return use_two_step_variance
     _replace(_lowering, "use_two_step_variance", make)
 

@@ -11,9 +11,10 @@ npu's fused ops in place of the compositions eager code writes:
 * rotary embeddings, ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x)``
   written as ``cat((-x2, x1), -1)`` of the halves (``chunk`` or slices)
   ->  ``npu_rotary_mul``;
-* attention written out, ``softmax(q @ k.transpose(-2, -1) * scale [masked_fill
-  (mask, -inf) or + bias], dim=-1) @ v``  ->  ``F.scaled_dot_product_attention``,
-  the npu's flash kernel (inductor itself only recognises the unmasked forms).
+* attention written out on 4-D q, k, v, ``softmax(q @ k.transpose(-2, -1) * scale
+  [masked_fill(mask, -inf) or + bias], dim=-1) @ v``  ->
+  ``F.scaled_dot_product_attention``, the npu's flash kernel (inductor itself
+  only recognises the unmasked forms); a bias that requires grad is left alone.
 
 The fused ops have autograd formulas, so training graphs get them too. Pick
 "inductor" (the default) for generated kernels only; "npu" when the model is
@@ -318,14 +319,15 @@ def _replace_attentions(graph):
         q, k = scores.args[0], _transposed_last_two(scores.args[1])
         qv, kv, vv, outv = _value(q), _value(k), _value(v), _value(out)
         if not (k is not None and all(isinstance(t, torch.Tensor) for t in (qv, kv, vv, outv))
-                and qv.device.type == "npu" and qv.dtype in _FLOATING and qv.dim() >= 3
+                and qv.device.type == "npu" and qv.dtype in _FLOATING and qv.dim() == 4
                 and qv.dim() == kv.dim() == vv.dim() and qv.dtype == kv.dtype == vv.dtype
                 and qv.shape[:-2] == kv.shape[:-2] == vv.shape[:-2] and kv.shape[-2] == vv.shape[-2]
                 and outv.shape == qv.shape[:-1] + vv.shape[-1:]):
             continue
         if mask is not None and getattr(_value(mask), "dtype", None) != torch.bool:
             continue
-        if bias is not None and _value(bias).dtype != qv.dtype:
+        # A learned bias stays a composition: the flash kernel gives no gradient for attn_mask.
+        if bias is not None and (_value(bias).dtype != qv.dtype or _value(bias).requires_grad):
             continue
         with graph.inserting_before(out):
             attn_mask = graph.call_function(torch.logical_not, (mask,)) if mask is not None else bias

@@ -110,8 +110,9 @@ def _redirect_profiler_activities():
     torch.profiler.profile.__init__ = __init__
 
 
-def _redirect_device_type_argument(cls):
-    """``cls(device_type, ...)`` with "cuda" means "npu" (autocast, GradScaler)."""
+def _redirect_device_type_argument(cls, default=None):
+    """``cls(device_type, ...)`` with "cuda" means "npu" (autocast, GradScaler); with
+    no device given, ``default`` (when set) is passed."""
     original = cls.__init__
     if getattr(original, "_transfer_to_npu", False):
         return
@@ -124,6 +125,8 @@ def _redirect_device_type_argument(cls):
             kwargs["device"] = _to_npu(kwargs["device"])
         elif args:
             args = (_to_npu(args[0]),) + args[1:]
+        elif default is not None:
+            kwargs["device"] = default
         original(self, *args, **kwargs)
 
     __init__._transfer_to_npu = True
@@ -132,7 +135,7 @@ def _redirect_device_type_argument(cls):
 
 def _redirect_amp():
     _redirect_device_type_argument(torch.amp.autocast_mode.autocast)
-    _redirect_device_type_argument(torch.amp.GradScaler)
+    _redirect_device_type_argument(torch.amp.GradScaler, default="npu")   # GradScaler()'s default is "cuda"
     for name in ("autocast", "GradScaler", "custom_fwd", "custom_bwd"):
         setattr(torch.cuda.amp, name, getattr(torch.npu.amp, name))
 

@@ -4,11 +4,14 @@
 npu is the accelerator, ``init_process_group("hccl")`` (the name transformers
 and accelerate pass for an NPU) serves npu and cpu tensors, and
 ``"cpu:gloo,npu:hccl"`` routes each device to its own backend. Every
-collective runs Gloo on pinned host copies of its npu tensors and copies the
-results back (``csrc/distributed``): it is complete when it returns, so an
-``async_op=True`` Work is already finished and its future holds the outputs.
-A peer that died or stalled makes the collective raise ``DistBackendError``
-once Gloo gives up (bounded by the group's ``timeout``).
+collective runs Gloo on the host (``csrc/distributed``): on the npu tensor's
+memory in place where the device's memory is host-addressable (the emulated
+npu), else on pinned host copies that are copied back (``NPU_DIST_STAGING=1``
+forces that path). A collective is complete when it returns, so an
+``async_op=True`` Work is already finished and its future holds the outputs;
+send and receive return at once and finish in ``wait()``. A peer that died or
+stalled makes the collective raise ``DistBackendError`` once Gloo gives up
+(bounded by the group's ``timeout``).
 
 One process per device: with ``NPU_EMU_DEVICES=N`` and ``torchrun
 --nproc-per-node N``, each process calls ``torch.npu.set_device(LOCAL_RANK)``
