@@ -30,6 +30,12 @@ bool hostAddressable(const at::Tensor& t) {
   return runtime::hal().device(t.device().index()).hostAddressable();
 }
 
+// A cpu tensor for Gloo: the same memory (and storage, kept alive) under a
+// tensor Python has never seen. Gloo's worker thread drops its tensors after
+// wait() has returned; dropping one Python holds takes the GIL, and at
+// interpreter exit that aborts the process.
+at::Tensor ownTensor(const at::Tensor& t) { return t.detach(); }
+
 // Waits for Gloo's work; its failure (a peer that closed its connection, the
 // group's timeout) becomes a DistBackendError naming the collective and device.
 void waitFor(c10d::Work& work, const char* op, c10::Device device, const std::string& backend,
@@ -50,7 +56,7 @@ void waitFor(c10d::Work& work, const char* op, c10::Device device, const std::st
 // device's memory is host-addressable, it is contiguous) is given to Gloo as a
 // cpu alias once its stream's work is done; any other npu tensor is staged in
 // the backend's pinned host buffer and, if Gloo writes it, copied back when the
-// collective has finished. cpu tensors are used as they are.
+// collective has finished. cpu tensors are used in place (ownTensor).
 class Staging {
  public:
   Staging(const char* op, const std::string& backend, HostBuffer& buffer, bool always_stage)
@@ -96,7 +102,8 @@ class Staging {
 
  private:
   at::Tensor stage(const at::Tensor& t, bool copy_in, bool copy_back) {
-    if (!t.defined() || t.device().is_cpu()) return t;
+    if (!t.defined()) return t;
+    if (t.device().is_cpu()) return ownTensor(t);
     TORCH_CHECK_VALUE(t.device().type() == c10::DeviceType::PrivateUse1, "c10d::", op_, " (the ", backend_,
                       " backend) takes npu and cpu tensors, got one on ", t.device(),
                       "; move it to the npu first (.npu())");
@@ -123,13 +130,11 @@ class Staging {
 };
 
 // The Work of a collective that has finished: its result and its future's
-// value are the output tensors (what DDP's reducer reads), and a receive from
-// any source reports the rank it heard from.
+// value are the output tensors (what DDP's reducer reads).
 class FinishedWork final : public c10d::Work {
  public:
-  explicit FinishedWork(std::vector<at::Tensor> outputs, int source_rank = -1)
+  explicit FinishedWork(std::vector<at::Tensor> outputs)
       : outputs_(std::move(outputs)),
-        source_rank_(source_rank),
         future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
     future_->markCompleted(c10::IValue(outputs_));
     finish();
@@ -139,11 +144,9 @@ class FinishedWork final : public c10d::Work {
   bool wait(std::chrono::milliseconds /*timeout*/) override { return true; }
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-  int sourceRank() const override { return source_rank_; }
 
  private:
   std::vector<at::Tensor> outputs_;
-  int source_rank_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
@@ -159,7 +162,11 @@ class PendingWork final : public c10d::Work {
       : gloo_(std::move(gloo)), op_(op), backend_(backend), device_(device), back_(std::move(back)),
         tensors_(std::move(tensors)) {}
 
-  bool isCompleted() override { return gloo_->isCompleted() && (finishOnce(kNoTimeout), true); }
+  bool isCompleted() override {
+    if (!gloo_->isCompleted()) return false;
+    finishOnce(kNoTimeout);  // done means a received tensor is on the npu
+    return true;
+  }
   bool isSuccess() const override { return gloo_->isSuccess(); }
   int sourceRank() const override { return gloo_->sourceRank(); }
   std::vector<at::Tensor> result() override { return tensors_; }
@@ -196,14 +203,14 @@ class PendingWork final : public c10d::Work {
 };
 
 // The host tensors Gloo sends from or receives into, for one point-to-point op:
-// cpu tensors as they are, npu tensors staged in fresh pinned memory.
+// cpu tensors in place (ownTensor), npu tensors staged in fresh pinned memory.
 std::vector<at::Tensor> stagePointToPoint(const std::vector<at::Tensor>& tensors, bool receive, const char* op,
                                           const std::string& backend, c10::Device* device,
                                           std::vector<std::pair<at::Tensor, at::Tensor>>* back) {
   std::vector<at::Tensor> host;
   for (const auto& t : tensors) {
     if (t.device().is_cpu()) {
-      host.push_back(t);
+      host.push_back(ownTensor(t));
       continue;
     }
     TORCH_CHECK_VALUE(t.device().type() == c10::DeviceType::PrivateUse1 && t.layout() == at::kStrided, "c10d::", op,
@@ -247,6 +254,16 @@ at::Tensor HostBuffer::take(at::IntArrayRef sizes, at::ScalarType dtype) {
   return block_.narrow(0, static_cast<int64_t>(offset), static_cast<int64_t>(nbytes)).view(dtype).view(sizes);
 }
 
+void GlooBackend::retain(c10::intrusive_ptr<c10d::Work> work) {
+  std::vector<c10::intrusive_ptr<c10d::Work>> released;  // destroyed here, after the lock
+  std::lock_guard<std::mutex> lock(retained_mutex_);
+  auto still_held = std::partition(retained_.begin(), retained_.end(),
+                                   [](const auto& w) { return w.use_count() > 1; });
+  released.assign(std::make_move_iterator(still_held), std::make_move_iterator(retained_.end()));
+  retained_.erase(still_held, retained_.end());
+  retained_.push_back(std::move(work));
+}
+
 GlooBackend::GlooBackend(c10::intrusive_ptr<c10d::Backend> gloo, std::string name)
     : c10d::Backend(gloo->getRank(), gloo->getSize()),
       gloo_(std::move(gloo)),
@@ -258,7 +275,7 @@ c10::intrusive_ptr<c10d::Work> GlooBackend::broadcast(std::vector<at::Tensor>& t
   std::lock_guard<std::mutex> lock(mutex_);
   Staging s("broadcast", name_, buffer_, always_stage_);
   auto host = s.each(tensors, &Staging::inout);
-  s.run([&] { return gloo_->broadcast(host, opts); });
+  retain(s.run([&] { return gloo_->broadcast(host, opts); }));
   return completed(tensors);
 }
 
@@ -267,7 +284,7 @@ c10::intrusive_ptr<c10d::Work> GlooBackend::allreduce(std::vector<at::Tensor>& t
   std::lock_guard<std::mutex> lock(mutex_);
   Staging s("allreduce", name_, buffer_, always_stage_);
   auto host = s.each(tensors, &Staging::inout);
-  s.run([&] { return gloo_->allreduce(host, opts); });
+  retain(s.run([&] { return gloo_->allreduce(host, opts); }));
   return completed(tensors);
 }
 
@@ -276,7 +293,7 @@ c10::intrusive_ptr<c10d::Work> GlooBackend::allreduce_coalesced(std::vector<at::
   std::lock_guard<std::mutex> lock(mutex_);
   Staging s("allreduce_coalesced", name_, buffer_, always_stage_);
   auto host = s.each(tensors, &Staging::inout);
-  s.run([&] { return gloo_->allreduce_coalesced(host, opts); });
+  retain(s.run([&] { return gloo_->allreduce_coalesced(host, opts); }));
   return completed(tensors);
 }
 
@@ -285,7 +302,7 @@ c10::intrusive_ptr<c10d::Work> GlooBackend::reduce(std::vector<at::Tensor>& tens
   std::lock_guard<std::mutex> lock(mutex_);
   Staging s("reduce", name_, buffer_, always_stage_);
   auto host = s.each(tensors, &Staging::inout);
-  s.run([&] { return gloo_->reduce(host, opts); });
+  retain(s.run([&] { return gloo_->reduce(host, opts); }));
   return completed(tensors);
 }
 
@@ -296,7 +313,7 @@ c10::intrusive_ptr<c10d::Work> GlooBackend::allgather(std::vector<std::vector<at
   Staging s("allgather", name_, buffer_, always_stage_);
   auto host_in = s.each(inputs, &Staging::input);
   auto host_out = s.outputs(outputs);
-  s.run([&] { return gloo_->allgather(host_out, host_in, opts); });
+  retain(s.run([&] { return gloo_->allgather(host_out, host_in, opts); }));
   return completed(flatten(outputs));
 }
 
@@ -306,7 +323,7 @@ c10::intrusive_ptr<c10d::Work> GlooBackend::_allgather_base(at::Tensor& output, 
   Staging s("_allgather_base", name_, buffer_, always_stage_);
   auto host_in = s.input(input);
   auto host_out = s.output(output);
-  s.run([&] { return gloo_->_allgather_base(host_out, host_in, opts); });
+  retain(s.run([&] { return gloo_->_allgather_base(host_out, host_in, opts); }));
   return completed({output});
 }
 
@@ -317,7 +334,7 @@ c10::intrusive_ptr<c10d::Work> GlooBackend::allgather_into_tensor_coalesced(std:
   Staging s("allgather_into_tensor_coalesced", name_, buffer_, always_stage_);
   auto host_in = s.each(inputs, &Staging::input);
   auto host_out = s.each(outputs, &Staging::output);
-  s.run([&] { return gloo_->allgather_into_tensor_coalesced(host_out, host_in, opts); });
+  retain(s.run([&] { return gloo_->allgather_into_tensor_coalesced(host_out, host_in, opts); }));
   return completed(outputs);
 }
 
@@ -328,7 +345,7 @@ c10::intrusive_ptr<c10d::Work> GlooBackend::gather(std::vector<std::vector<at::T
   Staging s("gather", name_, buffer_, always_stage_);
   auto host_in = s.each(inputs, &Staging::input);
   auto host_out = s.outputs(outputs);
-  s.run([&] { return gloo_->gather(host_out, host_in, opts); });
+  retain(s.run([&] { return gloo_->gather(host_out, host_in, opts); }));
   return completed(flatten(outputs));
 }
 
@@ -339,7 +356,7 @@ c10::intrusive_ptr<c10d::Work> GlooBackend::scatter(std::vector<at::Tensor>& out
   Staging s("scatter", name_, buffer_, always_stage_);
   auto host_in = s.inputs(inputs);
   auto host_out = s.each(outputs, &Staging::output);
-  s.run([&] { return gloo_->scatter(host_out, host_in, opts); });
+  retain(s.run([&] { return gloo_->scatter(host_out, host_in, opts); }));
   return completed(outputs);
 }
 
@@ -350,7 +367,7 @@ c10::intrusive_ptr<c10d::Work> GlooBackend::reduce_scatter(std::vector<at::Tenso
   Staging s("reduce_scatter", name_, buffer_, always_stage_);
   auto host_in = s.inputs(inputs);
   auto host_out = s.each(outputs, &Staging::output);
-  s.run([&] { return gloo_->reduce_scatter(host_out, host_in, opts); });
+  retain(s.run([&] { return gloo_->reduce_scatter(host_out, host_in, opts); }));
   return completed(outputs);
 }
 
@@ -360,7 +377,7 @@ c10::intrusive_ptr<c10d::Work> GlooBackend::_reduce_scatter_base(at::Tensor& out
   Staging s("_reduce_scatter_base", name_, buffer_, always_stage_);
   auto host_in = s.input(input);
   auto host_out = s.output(output);
-  s.run([&] { return gloo_->_reduce_scatter_base(host_out, host_in, opts); });
+  retain(s.run([&] { return gloo_->_reduce_scatter_base(host_out, host_in, opts); }));
   return completed({output});
 }
 
@@ -371,7 +388,7 @@ c10::intrusive_ptr<c10d::Work> GlooBackend::reduce_scatter_tensor_coalesced(std:
   Staging s("reduce_scatter_tensor_coalesced", name_, buffer_, always_stage_);
   auto host_in = s.each(inputs, &Staging::input);
   auto host_out = s.each(outputs, &Staging::output);
-  s.run([&] { return gloo_->reduce_scatter_tensor_coalesced(host_out, host_in, opts); });
+  retain(s.run([&] { return gloo_->reduce_scatter_tensor_coalesced(host_out, host_in, opts); }));
   return completed(outputs);
 }
 
@@ -383,7 +400,7 @@ c10::intrusive_ptr<c10d::Work> GlooBackend::alltoall_base(at::Tensor& output, at
   Staging s("alltoall_base", name_, buffer_, always_stage_);
   auto host_in = s.input(input);
   auto host_out = s.output(output);
-  s.run([&] { return gloo_->alltoall_base(host_out, host_in, output_split_sizes, input_split_sizes, opts); });
+  retain(s.run([&] { return gloo_->alltoall_base(host_out, host_in, output_split_sizes, input_split_sizes, opts); }));
   return completed({output});
 }
 
@@ -394,7 +411,7 @@ c10::intrusive_ptr<c10d::Work> GlooBackend::alltoall(std::vector<at::Tensor>& ou
   Staging s("alltoall", name_, buffer_, always_stage_);
   auto host_in = s.each(inputs, &Staging::input);
   auto host_out = s.each(outputs, &Staging::output);
-  s.run([&] { return gloo_->alltoall(host_out, host_in, opts); });
+  retain(s.run([&] { return gloo_->alltoall(host_out, host_in, opts); }));
   return completed(outputs);
 }
 
@@ -423,6 +440,7 @@ c10::intrusive_ptr<c10d::Work> GlooBackend::pointToPoint(
   std::vector<std::pair<at::Tensor, at::Tensor>> back;
   auto host = stagePointToPoint(tensors, receive, op, name_, &device, &back);
   auto work = start(host);
+  retain(work);
   return c10::make_intrusive<PendingWork>(std::move(work), op, name_, device, std::move(back), tensors);
 }
 
@@ -433,7 +451,7 @@ c10::intrusive_ptr<c10d::Work> GlooBackend::allgather_coalesced(std::vector<std:
   Staging s("allgather_coalesced", name_, buffer_, always_stage_);
   auto host_in = s.each(inputs, &Staging::input);
   auto host_out = s.outputs(outputs);
-  s.run([&] { return gloo_->allgather_coalesced(host_out, host_in, opts); });
+  retain(s.run([&] { return gloo_->allgather_coalesced(host_out, host_in, opts); }));
   return completed(flatten(outputs));
 }
 
@@ -444,7 +462,7 @@ void GlooBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_a
 c10::intrusive_ptr<c10d::Work> GlooBackend::barrier(const c10d::BarrierOptions& opts) {
   std::lock_guard<std::mutex> lock(mutex_);
   Staging s("barrier", name_, buffer_, always_stage_);
-  s.run([&] { return gloo_->barrier(opts); });
+  retain(s.run([&] { return gloo_->barrier(opts); }));
   return completed({});
 }
 

@@ -10,9 +10,9 @@
 // serve both devices. A collective is complete when it returns: its Work is
 // finished and its future holds the output tensors (what DDP's reducer reads).
 // Point-to-point ops return at once (a send waits for the peer's receive) and
-// finish in wait(). The npu tensors Gloo sees are aliases or copies made here,
+// finish in wait(). The tensors Gloo sees are aliases or copies made here,
 // never the tensors Python holds: its worker threads never need the GIL to drop
-// one (cpu tensors are Gloo's as they are, as without torch_npu).
+// one (with Gloo alone, that aborts a process that exits right after a collective).
 //
 // Gloo is created in Python (the wheel ships no gloo headers) and held here as
 // a c10d::Backend. Errors, a peer that died or the group's timeout among them,
@@ -100,11 +100,19 @@ class GlooBackend final : public c10d::Backend {
       const char* op, std::vector<at::Tensor>& tensors, bool receive,
       const std::function<c10::intrusive_ptr<c10d::Work>(std::vector<at::Tensor>&)>& start);
 
+  // Keeps Gloo's work until its worker thread has let go of it, so that the
+  // last reference drops here, on a thread that may take the GIL: the work holds
+  // the caller's thread-local state, Python objects among it, and a Gloo worker
+  // dropping it at interpreter exit aborts the process.
+  void retain(c10::intrusive_ptr<c10d::Work> work);
+
   c10::intrusive_ptr<c10d::Backend> gloo_;
   std::string name_;
   bool always_stage_;  // NPU_DIST_STAGING=1
   std::mutex mutex_;   // one collective at a time uses buffer_
   HostBuffer buffer_;
+  std::mutex retained_mutex_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> retained_;
 };
 
 }  // namespace npu::distributed
