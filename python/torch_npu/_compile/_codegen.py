@@ -8,9 +8,9 @@ stream (``_C._wait_current_stream``; an idle stream costs a check), and the work
 queued after it is ordered behind it because it was launched later.
 
 Loaded by inductor's backend registration through ``torch.npu.Scheduling`` etc.
-(``register()`` runs on first access), which also teaches inductor, in three
-places that test for ``device.type == "cpu"``, that the npu is served by its C++
-backend.
+(``register()`` runs on first access), which also teaches inductor, at each place
+that tests ``device.type == "cpu"`` where the answer changes the kernels, that the
+npu is served by its C++ backend: npu graphs get the kernels cpu graphs get.
 """
 import contextlib
 import functools
