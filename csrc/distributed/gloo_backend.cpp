@@ -270,149 +270,143 @@ GlooBackend::GlooBackend(c10::intrusive_ptr<c10d::Backend> gloo, std::string nam
       name_(std::move(name)),
       always_stage_(stagingForced()) {}
 
+template <typename Body>
+c10::intrusive_ptr<c10d::Work> GlooBackend::collective(const char* op, std::vector<at::Tensor> outputs, Body&& body) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Staging s(op, name_, buffer_, always_stage_);
+  retain(s.run([&] { return body(s); }));
+  return completed(std::move(outputs));
+}
+
 c10::intrusive_ptr<c10d::Work> GlooBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                       const c10d::BroadcastOptions& opts) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Staging s("broadcast", name_, buffer_, always_stage_);
-  auto host = s.each(tensors, &Staging::inout);
-  retain(s.run([&] { return gloo_->broadcast(host, opts); }));
-  return completed(tensors);
+  return collective("broadcast", tensors, [&](Staging& s) {
+    auto host = s.each(tensors, &Staging::inout);
+    return gloo_->broadcast(host, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> GlooBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Staging s("allreduce", name_, buffer_, always_stage_);
-  auto host = s.each(tensors, &Staging::inout);
-  retain(s.run([&] { return gloo_->allreduce(host, opts); }));
-  return completed(tensors);
+  return collective("allreduce", tensors, [&](Staging& s) {
+    auto host = s.each(tensors, &Staging::inout);
+    return gloo_->allreduce(host, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> GlooBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                 const c10d::AllreduceCoalescedOptions& opts) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Staging s("allreduce_coalesced", name_, buffer_, always_stage_);
-  auto host = s.each(tensors, &Staging::inout);
-  retain(s.run([&] { return gloo_->allreduce_coalesced(host, opts); }));
-  return completed(tensors);
+  return collective("allreduce_coalesced", tensors, [&](Staging& s) {
+    auto host = s.each(tensors, &Staging::inout);
+    return gloo_->allreduce_coalesced(host, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> GlooBackend::reduce(std::vector<at::Tensor>& tensors,
                                                    const c10d::ReduceOptions& opts) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Staging s("reduce", name_, buffer_, always_stage_);
-  auto host = s.each(tensors, &Staging::inout);
-  retain(s.run([&] { return gloo_->reduce(host, opts); }));
-  return completed(tensors);
+  return collective("reduce", tensors, [&](Staging& s) {
+    auto host = s.each(tensors, &Staging::inout);
+    return gloo_->reduce(host, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> GlooBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                       std::vector<at::Tensor>& inputs,
                                                       const c10d::AllgatherOptions& opts) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Staging s("allgather", name_, buffer_, always_stage_);
-  auto host_in = s.each(inputs, &Staging::input);
-  auto host_out = s.outputs(outputs);
-  retain(s.run([&] { return gloo_->allgather(host_out, host_in, opts); }));
-  return completed(flatten(outputs));
+  return collective("allgather", flatten(outputs), [&](Staging& s) {
+    auto host_in = s.each(inputs, &Staging::input);
+    auto host_out = s.outputs(outputs);
+    return gloo_->allgather(host_out, host_in, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> GlooBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                             const c10d::AllgatherOptions& opts) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Staging s("_allgather_base", name_, buffer_, always_stage_);
-  auto host_in = s.input(input);
-  auto host_out = s.output(output);
-  retain(s.run([&] { return gloo_->_allgather_base(host_out, host_in, opts); }));
-  return completed({output});
+  return collective("_allgather_base", {output}, [&](Staging& s) {
+    auto host_in = s.input(input);
+    auto host_out = s.output(output);
+    return gloo_->_allgather_base(host_out, host_in, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> GlooBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                             std::vector<at::Tensor>& inputs,
                                                                             const c10d::AllgatherOptions& opts) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Staging s("allgather_into_tensor_coalesced", name_, buffer_, always_stage_);
-  auto host_in = s.each(inputs, &Staging::input);
-  auto host_out = s.each(outputs, &Staging::output);
-  retain(s.run([&] { return gloo_->allgather_into_tensor_coalesced(host_out, host_in, opts); }));
-  return completed(outputs);
+  return collective("allgather_into_tensor_coalesced", outputs, [&](Staging& s) {
+    auto host_in = s.each(inputs, &Staging::input);
+    auto host_out = s.each(outputs, &Staging::output);
+    return gloo_->allgather_into_tensor_coalesced(host_out, host_in, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> GlooBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                    std::vector<at::Tensor>& inputs,
                                                    const c10d::GatherOptions& opts) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Staging s("gather", name_, buffer_, always_stage_);
-  auto host_in = s.each(inputs, &Staging::input);
-  auto host_out = s.outputs(outputs);
-  retain(s.run([&] { return gloo_->gather(host_out, host_in, opts); }));
-  return completed(flatten(outputs));
+  return collective("gather", flatten(outputs), [&](Staging& s) {
+    auto host_in = s.each(inputs, &Staging::input);
+    auto host_out = s.outputs(outputs);
+    return gloo_->gather(host_out, host_in, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> GlooBackend::scatter(std::vector<at::Tensor>& outputs,
                                                     std::vector<std::vector<at::Tensor>>& inputs,
                                                     const c10d::ScatterOptions& opts) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Staging s("scatter", name_, buffer_, always_stage_);
-  auto host_in = s.inputs(inputs);
-  auto host_out = s.each(outputs, &Staging::output);
-  retain(s.run([&] { return gloo_->scatter(host_out, host_in, opts); }));
-  return completed(outputs);
+  return collective("scatter", outputs, [&](Staging& s) {
+    auto host_in = s.inputs(inputs);
+    auto host_out = s.each(outputs, &Staging::output);
+    return gloo_->scatter(host_out, host_in, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> GlooBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                            std::vector<std::vector<at::Tensor>>& inputs,
                                                            const c10d::ReduceScatterOptions& opts) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Staging s("reduce_scatter", name_, buffer_, always_stage_);
-  auto host_in = s.inputs(inputs);
-  auto host_out = s.each(outputs, &Staging::output);
-  retain(s.run([&] { return gloo_->reduce_scatter(host_out, host_in, opts); }));
-  return completed(outputs);
+  return collective("reduce_scatter", outputs, [&](Staging& s) {
+    auto host_in = s.inputs(inputs);
+    auto host_out = s.each(outputs, &Staging::output);
+    return gloo_->reduce_scatter(host_out, host_in, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> GlooBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                  const c10d::ReduceScatterOptions& opts) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Staging s("_reduce_scatter_base", name_, buffer_, always_stage_);
-  auto host_in = s.input(input);
-  auto host_out = s.output(output);
-  retain(s.run([&] { return gloo_->_reduce_scatter_base(host_out, host_in, opts); }));
-  return completed({output});
+  return collective("_reduce_scatter_base", {output}, [&](Staging& s) {
+    auto host_in = s.input(input);
+    auto host_out = s.output(output);
+    return gloo_->_reduce_scatter_base(host_out, host_in, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> GlooBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                             std::vector<at::Tensor>& inputs,
                                                                             const c10d::ReduceScatterOptions& opts) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Staging s("reduce_scatter_tensor_coalesced", name_, buffer_, always_stage_);
-  auto host_in = s.each(inputs, &Staging::input);
-  auto host_out = s.each(outputs, &Staging::output);
-  retain(s.run([&] { return gloo_->reduce_scatter_tensor_coalesced(host_out, host_in, opts); }));
-  return completed(outputs);
+  return collective("reduce_scatter_tensor_coalesced", outputs, [&](Staging& s) {
+    auto host_in = s.each(inputs, &Staging::input);
+    auto host_out = s.each(outputs, &Staging::output);
+    return gloo_->reduce_scatter_tensor_coalesced(host_out, host_in, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> GlooBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                           std::vector<int64_t>& output_split_sizes,
                                                           std::vector<int64_t>& input_split_sizes,
                                                           const c10d::AllToAllOptions& opts) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Staging s("alltoall_base", name_, buffer_, always_stage_);
-  auto host_in = s.input(input);
-  auto host_out = s.output(output);
-  retain(s.run([&] { return gloo_->alltoall_base(host_out, host_in, output_split_sizes, input_split_sizes, opts); }));
-  return completed({output});
+  return collective("alltoall_base", {output}, [&](Staging& s) {
+    auto host_in = s.input(input);
+    auto host_out = s.output(output);
+    return gloo_->alltoall_base(host_out, host_in, output_split_sizes, input_split_sizes, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> GlooBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllToAllOptions& opts) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Staging s("alltoall", name_, buffer_, always_stage_);
-  auto host_in = s.each(inputs, &Staging::input);
-  auto host_out = s.each(outputs, &Staging::output);
-  retain(s.run([&] { return gloo_->alltoall(host_out, host_in, opts); }));
-  return completed(outputs);
+  return collective("alltoall", outputs, [&](Staging& s) {
+    auto host_in = s.each(inputs, &Staging::input);
+    auto host_out = s.each(outputs, &Staging::output);
+    return gloo_->alltoall(host_out, host_in, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> GlooBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
@@ -447,12 +441,11 @@ c10::intrusive_ptr<c10d::Work> GlooBackend::pointToPoint(
 c10::intrusive_ptr<c10d::Work> GlooBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                 std::vector<at::Tensor>& inputs,
                                                                 const c10d::AllgatherOptions& opts) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Staging s("allgather_coalesced", name_, buffer_, always_stage_);
-  auto host_in = s.each(inputs, &Staging::input);
-  auto host_out = s.outputs(outputs);
-  retain(s.run([&] { return gloo_->allgather_coalesced(host_out, host_in, opts); }));
-  return completed(flatten(outputs));
+  return collective("allgather_coalesced", flatten(outputs), [&](Staging& s) {
+    auto host_in = s.each(inputs, &Staging::input);
+    auto host_out = s.outputs(outputs);
+    return gloo_->allgather_coalesced(host_out, host_in, opts);
+  });
 }
 
 void GlooBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
@@ -460,10 +453,7 @@ void GlooBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_a
 }
 
 c10::intrusive_ptr<c10d::Work> GlooBackend::barrier(const c10d::BarrierOptions& opts) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Staging s("barrier", name_, buffer_, always_stage_);
-  retain(s.run([&] { return gloo_->barrier(opts); }));
-  return completed({});
+  return collective("barrier", {}, [&](Staging&) { return gloo_->barrier(opts); });
 }
 
 }  // namespace npu::distributed

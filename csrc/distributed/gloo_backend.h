@@ -95,6 +95,11 @@ class GlooBackend final : public c10d::Backend {
   uint64_t getSequenceNumberForGroup() override { return gloo_->getSequenceNumberForGroup(); }
 
  private:
+  // One collective: `body(staging)` stages the tensors and starts Gloo's work on
+  // them; this waits for it, copies staged results back and returns a finished
+  // Work of `outputs`. One collective at a time (they share the host buffer).
+  template <typename Body>
+  c10::intrusive_ptr<c10d::Work> collective(const char* op, std::vector<at::Tensor> outputs, Body&& body);
   // Starts a send or receive of `tensors` (staged on the host) and returns its pending Work.
   c10::intrusive_ptr<c10d::Work> pointToPoint(
       const char* op, std::vector<at::Tensor>& tensors, bool receive,
