@@ -189,17 +189,22 @@ def test_fusion_attention_pse_gradient():
     torch.testing.assert_close(pse_npu.grad.cpu(), pse.grad, **TOL)
 
 
-def test_hf_trainer_with_the_npu_fused_adamw_matches_the_cpu(tmp_path):
-    """The Trainer's optim="adamw_torch_npu_fused" trains on the npu with
-    NpuFusedAdamW, bit for bit like torch's fused AdamW on the cpu."""
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")  # the Trainer needs it
+def tiny_gpt2_and_data(transformers):
+    """A 1-layer GPT-2 (no dropout) and 8 rows of 8 tokens as the Trainer's dataset."""
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50, n_positions=16,
                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     model = transformers.GPT2LMHeadModel(config)
     rows = torch.randint(0, 50, (8, 8))
-    data = [{"input_ids": r, "labels": r} for r in rows]
+    return model, [{"input_ids": r, "labels": r} for r in rows]
+
+
+def test_hf_trainer_with_the_npu_fused_adamw_matches_the_cpu(tmp_path):
+    """The Trainer's optim="adamw_torch_npu_fused" trains on the npu with
+    NpuFusedAdamW, bit for bit like torch's fused AdamW on the cpu."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # the Trainer needs it
+    model, data = tiny_gpt2_and_data(transformers)
 
     def train(optim, use_cpu):
         trained = copy.deepcopy(model)
@@ -225,12 +230,7 @@ def test_hf_trainer_with_bf16_trains_on_the_npu_under_autocast(tmp_path):
     loss follows the float32 run's."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50, n_positions=16,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    model = transformers.GPT2LMHeadModel(config)
-    rows = torch.randint(0, 50, (8, 8))
-    data = [{"input_ids": r, "labels": r} for r in rows]
+    model, data = tiny_gpt2_and_data(transformers)
 
     def train(bf16):
         trained = copy.deepcopy(model)

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 
 _npu = torch.ops.npu
+_FLOATING = (torch.float32, torch.float16, torch.bfloat16)
+_MATMUL = (operator.matmul, torch.matmul)
 
 
 def _is(node, *targets, method=None):
@@ -150,6 +152,21 @@ def _replace_functional_rms_norms(graph):
     return replaced
 
 
+def _last_dim(node, dim):
+    xv = _value(node)
+    return isinstance(xv, torch.Tensor) and dim in (-1, xv.dim() - 1)
+
+
+def _halved(chunk):
+    """x when ``chunk`` is ``x.chunk(2, dim=-1)`` (``torch.chunk`` or the method), else None."""
+    if not _is(chunk, torch.chunk, method="chunk"):
+        return None
+    args = list(chunk.args) + [None, None]
+    chunks = chunk.kwargs.get("chunks", args[1])
+    dim = chunk.kwargs.get("dim", args[2] if len(chunk.args) > 2 else 0)
+    return args[0] if chunks == 2 and _last_dim(args[0], dim) else None
+
+
 def _replace_swiglus(graph):
     replaced = 0
     for silu in list(graph.nodes):
@@ -159,15 +176,8 @@ def _replace_swiglus(graph):
         if not (_is(first, operator.getitem) and first.args[1] == 0):
             continue
         chunk = first.args[0]
-        if not _is(chunk, torch.chunk, method="chunk"):
-            continue
-        cargs = list(chunk.args) + [chunk.kwargs.get("chunks"), chunk.kwargs.get("dim")]
-        chunks = cargs[1]
-        dim = chunk.kwargs.get("dim", cargs[2] if len(chunk.args) > 2 else 0)
-        xv = _value(cargs[0])
-        if chunks != 2 or not isinstance(xv, torch.Tensor) or xv.device.type != "npu":
-            continue
-        if dim not in (-1, xv.dim() - 1):
+        x = _halved(chunk)
+        if x is None or _value(x).device.type != "npu":
             continue
         for product in list(silu.users):
             if not _is(product, operator.mul, torch.mul):
@@ -176,15 +186,10 @@ def _replace_swiglus(graph):
             if not (_is(second, operator.getitem) and second.args[0] is chunk and second.args[1] == 1):
                 continue
             with graph.inserting_before(product):
-                fused = graph.call_function(_npu.npu_swiglu.default, (cargs[0], -1))
+                fused = graph.call_function(_npu.npu_swiglu.default, (x, -1))
             _stand_in(fused, product)
             replaced += 1
     return replaced
-
-
-def _last_dim(node, dim):
-    xv = _value(node)
-    return isinstance(xv, torch.Tensor) and dim in (-1, xv.dim() - 1)
 
 
 def _half_of(node):
@@ -194,12 +199,8 @@ def _half_of(node):
         return None
     source, index = node.args
     if isinstance(index, int) and index in (0, 1) and _is(source, torch.chunk, method="chunk"):
-        args = list(source.args) + [None, None]
-        chunks = source.kwargs.get("chunks", args[1])
-        dim = source.kwargs.get("dim", args[2] if len(source.args) > 2 else 0)
-        if chunks == 2 and _last_dim(args[0], dim):
-            return args[0], index
-        return None
+        x = _halved(source)
+        return (x, index) if x is not None else None
     xv = _value(source)
     if (isinstance(xv, torch.Tensor) and isinstance(index, tuple) and len(index) == 2 and index[0] is Ellipsis
             and isinstance(index[1], slice) and index[1].step in (None, 1)):
@@ -255,8 +256,6 @@ def _replace_rotaries(graph):
     return replaced
 
 
-_FLOATING = (torch.float32, torch.float16, torch.bfloat16)
-_MATMUL = (operator.matmul, torch.matmul)
 
 
 def _is_matmul(node):
