@@ -591,3 +591,40 @@ print(len(errors), errors[:3])
 def test_stress_threads_streams_events_and_record_stream_give_exact_results(run_python, policy):
     env = ALWAYS_ENQUEUE if policy == "always_enqueue" else {"NPU_EMU_ALWAYS_ENQUEUE": None}
     assert last_line(run_python(STRESS, env=env)).startswith("0 ")
+
+
+# Threads sharing one stream: each thread's ops see exactly its own earlier ops'
+# effects (CUDA's promise), whatever the others launch meanwhile. Blocks freed by
+# one thread are reused by another on the same stream; a block split off a
+# larger one must keep the larger one's last use, or host-executed work (cat)
+# gets memory that queued kernels still write.
+SHARED_STREAM = r"""
+import threading, torch
+def chain(a, in_place):
+    for _ in range(5):
+        a = a * 2 + 1
+        if in_place:
+            a.add_(1).mul_(1)
+    return torch.cat([a, a])
+wrong = []
+for kind in ("pool", "default"):
+    for in_place in (True, False):
+        stream = torch.npu.Stream() if kind == "pool" else torch.npu.default_stream()
+        def worker(k):
+            for i in range(300):
+                value = float(k * 1000 + i % 7)
+                with torch.npu.stream(stream):
+                    got = chain(torch.full((256,), value, device="npu"), in_place).cpu()
+                if not torch.equal(got, chain(torch.full((256,), value), in_place)):
+                    wrong.append((kind, in_place, k, i, got[0].item()))
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+print(len(wrong), wrong[:3])
+"""
+
+
+@pytest.mark.parametrize("policy", ["default", "always_enqueue"])
+def test_threads_sharing_a_stream_each_see_exactly_their_own_results(run_python, policy):
+    env = ALWAYS_ENQUEUE if policy == "always_enqueue" else {"NPU_EMU_ALWAYS_ENQUEUE": None}
+    assert last_line(run_python(SHARED_STREAM, env=env)).startswith("0 ")

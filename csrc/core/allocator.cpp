@@ -226,6 +226,7 @@ class DeviceCache {
     const bool worth = block->small ? remaining >= kMinBlockSize : remaining > kSmallSize;
     if (!worth) return;
     auto* rest = new Block(block->ptr + size, remaining, block->stream, block->small);
+    rest->free_position = block->free_position;  // its memory's last use is the whole block's
     rest->prev = block;
     rest->next = block->next;
     if (block->next != nullptr) block->next->prev = rest;
