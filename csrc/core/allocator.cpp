@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
@@ -31,40 +32,39 @@ constexpr std::size_t kLargeRounding = 2 << 20;   // larger requests get their o
 
 std::size_t roundUp(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
-enum PoolIndex { kAllPools = 0, kSmallPool = 1, kLargePool = 2 };
-using StatArray = std::array<MemoryStat, 3>;
+// Statistics are c10's (CachingDeviceAllocator::DeviceStats): torch.npu.memory_stats()
+// and torch.accelerator.memory_stats() read the same numbers.
+using c10::CachingDeviceAllocator::DeviceStats;
+using c10::CachingAllocator::StatArray;
+constexpr int kAllPools = static_cast<int>(c10::CachingAllocator::StatType::AGGREGATE);
+constexpr int kSmallPool = static_cast<int>(c10::CachingAllocator::StatType::SMALL_POOL);
+constexpr int kLargePool = static_cast<int>(c10::CachingAllocator::StatType::LARGE_POOL);
 
 void updateStat(StatArray& stat, bool small, int64_t delta) {
-  for (int index : {static_cast<int>(kAllPools), small ? static_cast<int>(kSmallPool) : static_cast<int>(kLargePool)}) {
-    auto& s = stat[index];
-    s.current += delta;
-    if (delta > 0) s.allocated += delta; else s.freed -= delta;
-    s.peak = std::max(s.peak, s.current);
+  for (int index : {kAllPools, small ? kSmallPool : kLargePool}) {
+    if (delta > 0) stat[index].increase(static_cast<std::size_t>(delta));
+    else stat[index].decrease(static_cast<std::size_t>(-delta));
   }
 }
 
-struct DeviceStats {
-  StatArray allocation, segment, active, inactive_split;
-  StatArray allocated_bytes, reserved_bytes, active_bytes, inactive_split_bytes, requested_bytes;
-  int64_t num_alloc_retries = 0;
-  int64_t num_ooms = 0;
-  int64_t num_device_alloc = 0;
-  int64_t num_device_free = 0;
-  int64_t num_sync_all_streams = 0;
+// name -> array, in the order torch.cuda.memory_stats() lists them
+std::vector<std::pair<const char*, StatArray*>> statArrays(DeviceStats& stats) {
+  return {{"active", &stats.active},
+          {"active_bytes", &stats.active_bytes},
+          {"allocated_bytes", &stats.allocated_bytes},
+          {"allocation", &stats.allocation},
+          {"inactive_split", &stats.inactive_split},
+          {"inactive_split_bytes", &stats.inactive_split_bytes},
+          {"requested_bytes", &stats.requested_bytes},
+          {"reserved_bytes", &stats.reserved_bytes},
+          {"segment", &stats.segment}};
+}
 
-  // name -> stat, in the order torch.cuda.memory_stats() lists them
-  std::vector<std::pair<const char*, StatArray*>> arrays() {
-    return {{"active", &active},
-            {"active_bytes", &active_bytes},
-            {"allocated_bytes", &allocated_bytes},
-            {"allocation", &allocation},
-            {"inactive_split", &inactive_split},
-            {"inactive_split_bytes", &inactive_split_bytes},
-            {"requested_bytes", &requested_bytes},
-            {"reserved_bytes", &reserved_bytes},
-            {"segment", &segment}};
-  }
-};
+DeviceStats freshStats() {
+  DeviceStats stats;
+  stats.max_split_size = -1;  // every block may be split (CUDA's "no limit")
+  return stats;
+}
 
 struct Block {
   char* ptr;
@@ -93,7 +93,7 @@ using Pool = std::set<Block*, BlockOrder>;
 
 class DeviceCache {
  public:
-  explicit DeviceCache(c10::DeviceIndex device) : device_(device) {}
+  explicit DeviceCache(c10::DeviceIndex device) : device_(device), stats_(freshStats()) {}
 
   // nullptr when the device is out of memory even after freeing the cache.
   // `for_host`: the memory is written at once by host code holding the
@@ -297,6 +297,31 @@ class DeviceCache {
   std::vector<runtime::Stream*> streams_;  // by stream id, looked up once
 };
 
+// "allocated_bytes.all.current", "num_ooms", ...: the keys torch.cuda.memory_stats()
+// and torch.accelerator.memory_stats() give these numbers.
+std::map<std::string, int64_t> flatten(DeviceStats& stats) {
+  std::map<std::string, int64_t> out;
+  auto put = [&](const std::string& prefix, const c10::CachingAllocator::Stat& s) {
+    out[prefix + ".current"] = s.current;
+    out[prefix + ".peak"] = s.peak;
+    out[prefix + ".allocated"] = s.allocated;
+    out[prefix + ".freed"] = s.freed;
+  };
+  const char* pools[] = {"all", "small_pool", "large_pool"};
+  for (auto& [name, array] : statArrays(stats)) {
+    for (int p = 0; p < 3; ++p) put(std::string(name) + "." + pools[p], (*array)[p]);
+  }
+  put("oversize_allocations", stats.oversize_allocations);
+  put("oversize_segments", stats.oversize_segments);
+  out["num_alloc_retries"] = stats.num_alloc_retries;
+  out["num_ooms"] = stats.num_ooms;
+  out["num_device_alloc"] = stats.num_device_alloc;
+  out["num_device_free"] = stats.num_device_free;
+  out["num_sync_all_streams"] = stats.num_sync_all_streams;
+  out["max_split_size"] = stats.max_split_size;
+  return out;
+}
+
 std::string formatBytes(int64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double value = static_cast<double>(bytes);
@@ -311,7 +336,7 @@ std::string formatBytes(int64_t bytes) {
   return out.str();
 }
 
-class CachingAllocator final : public c10::Allocator {
+class NPUCachingAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(std::size_t n) override {
     const auto device = currentDevice();
@@ -387,19 +412,45 @@ class CachingAllocator final : public c10::Allocator {
 
   void resetPeak(c10::DeviceIndex device) {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [name, array] : deviceCache(device).stats().arrays()) {
-      for (auto& s : *array) s.peak = s.current;
+    auto& stats = deviceCache(device).stats();
+    for (auto& [name, array] : statArrays(stats)) {
+      for (auto& s : *array) s.reset_peak();
     }
+    stats.oversize_allocations.reset_peak();
+    stats.oversize_segments.reset_peak();
   }
 
   void resetAccumulated(c10::DeviceIndex device) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto& stats = deviceCache(device).stats();
-    for (auto& [name, array] : stats.arrays()) {
-      for (auto& s : *array) s.allocated = s.freed = 0;
+    for (auto& [name, array] : statArrays(stats)) {
+      for (auto& s : *array) s.reset_accumulated();
     }
+    stats.oversize_allocations.reset_accumulated();
+    stats.oversize_segments.reset_accumulated();
     stats.num_alloc_retries = stats.num_ooms = stats.num_device_alloc = stats.num_device_free = 0;
-    stats.num_sync_all_streams = 0;
+    stats.num_sync_all_streams = stats.num_oom_rejections = 0;
+  }
+
+  DeviceStats deviceStats(c10::DeviceIndex device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return deviceCache(device).stats();
+  }
+
+  // c10::DeviceAllocator: what torch.accelerator's memory functions call.
+  bool initialized() override { return runtimeInitialized(); }
+  void emptyCache(c10::MempoolId_t pool) override {
+    TORCH_CHECK(pool == c10::MempoolId_t(0, 0), "npu empty_cache: memory pools are not supported yet (got pool id (",
+                pool.first, ", ", pool.second, ")); call it without a pool");
+    emptyCache();
+  }
+  DeviceStats getDeviceStats(c10::DeviceIndex device) override { return deviceStats(resolveDevice(device)); }
+  void resetAccumulatedStats(c10::DeviceIndex device) override { resetAccumulated(resolveDevice(device)); }
+  void resetPeakStats(c10::DeviceIndex device) override { resetPeak(resolveDevice(device)); }
+  std::pair<std::size_t, std::size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    std::size_t free_bytes = 0, total_bytes = 0;
+    runtimeDevice(resolveDevice(device)).memoryInfo(&free_bytes, &total_bytes);
+    return {free_bytes, total_bytes};
   }
 
   std::string summary(c10::DeviceIndex device) {
@@ -407,7 +458,7 @@ class CachingAllocator final : public c10::Allocator {
     return summaryLocked(device);
   }
 
-  void recordStream(const c10::DataPtr& ptr, c10::Stream stream) {
+  void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
     if (ptr.get() == nullptr) return;
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = allocated_.find(ptr.get());
@@ -444,31 +495,7 @@ class CachingAllocator final : public c10::Allocator {
   }
 
   std::map<std::string, int64_t> statsLocked(c10::DeviceIndex device) {
-    std::map<std::string, int64_t> out;
-    auto& stats = deviceCache(device).stats();
-    const char* pools[] = {"all", "small_pool", "large_pool"};
-    for (auto& [name, array] : stats.arrays()) {
-      for (int p = 0; p < 3; ++p) {
-        const std::string prefix = std::string(name) + "." + pools[p] + ".";
-        out[prefix + "current"] = (*array)[p].current;
-        out[prefix + "peak"] = (*array)[p].peak;
-        out[prefix + "allocated"] = (*array)[p].allocated;
-        out[prefix + "freed"] = (*array)[p].freed;
-      }
-    }
-    out["num_alloc_retries"] = stats.num_alloc_retries;
-    out["num_ooms"] = stats.num_ooms;
-    out["num_device_alloc"] = stats.num_device_alloc;
-    out["num_device_free"] = stats.num_device_free;
-    out["num_sync_all_streams"] = stats.num_sync_all_streams;
-    out["max_split_size"] = -1;
-    // Blocks above max_split_size: none, since every block may be split.
-    for (const char* name : {"oversize_allocations", "oversize_segments"}) {
-      for (const char* field : {"current", "peak", "allocated", "freed"}) {
-        out[std::string(name) + "." + field] = 0;
-      }
-    }
-    return out;
+    return flatten(deviceCache(device).stats());
   }
 
   std::string summaryLocked(c10::DeviceIndex device) {
@@ -524,9 +551,9 @@ class CachingAllocator final : public c10::Allocator {
 };
 
 // Never destroyed: tensors may be freed during static destruction at exit.
-CachingAllocator* g_allocator = new CachingAllocator();
+NPUCachingAllocator* g_allocator = new NPUCachingAllocator();
 
-void CachingAllocator::deleteBlock(void* ptr) { g_allocator->free(ptr); }
+void NPUCachingAllocator::deleteBlock(void* ptr) { g_allocator->free(ptr); }
 
 }  // namespace
 

@@ -14,14 +14,8 @@
 
 namespace npu {
 
-struct MemoryStat {
-  int64_t current = 0;
-  int64_t peak = 0;
-  int64_t allocated = 0;
-  int64_t freed = 0;
-};
-
-// The c10::Allocator for npu tensors (also what empty() and resize_ use).
+// The c10::DeviceAllocator for npu tensors (also what empty() and resize_ use,
+// and what torch.accelerator's memory functions ask).
 c10::Allocator* npuAllocator();
 
 // Gives an npu storage `new_bytes` of fresh memory, keeping its old contents

@@ -31,10 +31,17 @@ void markInitialized() {
 }
 
 [[noreturn]] void raiseBadFork() {
-  TORCH_CHECK(false, "Cannot re-initialize the npu in a forked subprocess: the parent process used the npu ",
-              "before fork(), and its streams do not survive a fork. To use the npu with multiprocessing, use "
-              "the 'spawn' start method (multiprocessing.set_start_method('spawn') or "
-              "torch.multiprocessing.get_context('spawn')), or create npu tensors only in the child.");
+  TORCH_CHECK(false, "Cannot re-initialize NPU in forked subprocess. To use NPU with multiprocessing, you must "
+              "use the 'spawn' start method (multiprocessing.set_start_method('spawn') or "
+              "torch.multiprocessing.get_context('spawn')): the parent initialised the npu before fork(), and "
+              "its streams do not survive a fork.");
+}
+
+// c10 keeps a device index in 8 bits: torch.device("npu:1000") arrives as -24.
+std::string wrappedIndexNote(int64_t index) {
+  if (index >= -1) return "";
+  return ". An index of 128 or more wraps around to a negative one in torch.device, which keeps device "
+         "indices in 8 bits";
 }
 }  // namespace
 
@@ -52,10 +59,16 @@ c10::DeviceIndex deviceCount() noexcept {
 void checkDevice(c10::DeviceIndex index) {
   if (inBadFork()) raiseBadFork();
   const auto count = translateRuntimeErrors("npu init", [] { return runtime::hal().deviceCount(); });
-  TORCH_CHECK(index >= 0 && index < count, "npu:", static_cast<int>(index),
-              " is not a valid device: there are ", count,
-              " npu device(s); use an index in [0, ", count,
-              ") (the emulator's count is set by NPU_EMU_DEVICES)");
+  TORCH_CHECK(index >= 0 && index < count, "invalid device: npu:", static_cast<int>(index),
+              " is not an npu device: there are ", count, " npu device(s); use an index in [0, ", count,
+              ") (the emulator's count is set by NPU_EMU_DEVICES)", wrappedIndexNote(index));
+}
+
+void initialize() {
+  if (inBadFork()) raiseBadFork();
+  const auto count = translateRuntimeErrors("torch.npu.init()", [] { return runtime::hal().deviceCount(); });
+  TORCH_CHECK(count > 0, "torch.npu.init(): no npu device (NPU_EMU_DEVICES=0)");
+  runtimeDevice(currentDevice());
 }
 
 c10::DeviceIndex currentDevice() { return t_current_device; }
@@ -66,14 +79,15 @@ void setDevice(c10::DeviceIndex index) {
 }
 
 c10::DeviceIndex resolveDevice(c10::DeviceIndex index) {
-  if (index < 0) return currentDevice();
+  if (index == -1) return currentDevice();
+  if (index < 0) checkDevice(index);  // raises: a wrapped index, never the current device
   return index;
 }
 
 c10::DeviceIndex toDeviceIndex(int64_t index, bool allow_current) {
   if (allow_current && index == -1) return currentDevice();
   const auto count = translateRuntimeErrors("npu init", [] { return runtime::hal().deviceCount(); });
-  TORCH_CHECK(index >= 0 && index < count, "npu:", index, " is not a valid device: there are ", count,
+  TORCH_CHECK(index >= 0 && index < count, "invalid device: npu:", index, " is not an npu device: there are ", count,
               " npu device(s); use an index in [0, ", count, ")",
               allow_current ? " or -1 for the current device" : "",
               " (the emulator's count is set by NPU_EMU_DEVICES)");
@@ -89,6 +103,20 @@ runtime::Device& runtimeDevice(c10::DeviceIndex index) {
 void synchronizeDevice(c10::DeviceIndex index) {
   auto& device = runtimeDevice(resolveDevice(index));
   translateRuntimeErrors("torch.npu.synchronize()", [&] { device.synchronize(); });
+}
+
+namespace {
+std::atomic<uint64_t> g_native_dtypes{0};  // bit i: ScalarType i
+}  // namespace
+
+void setNativeDtypes(const std::vector<c10::ScalarType>& types) {
+  uint64_t bits = 0;
+  for (auto type : types) bits |= uint64_t(1) << static_cast<int>(type);
+  g_native_dtypes.store(bits);
+}
+
+bool computesNatively(c10::ScalarType type) {
+  return (g_native_dtypes.load(std::memory_order_relaxed) >> static_cast<int>(type)) & 1;
 }
 
 namespace {

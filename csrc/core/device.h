@@ -3,6 +3,9 @@
 #pragma once
 
 #include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <vector>
 
 #include "../runtime/hal.h"
 
@@ -20,15 +23,26 @@ c10::DeviceIndex toDeviceIndex(int64_t index, bool allow_current = true);
 // True in a child forked after the parent used the npu: its streams' threads
 // did not survive the fork, so every npu use raises (as CUDA's does).
 bool inBadFork() noexcept;
-// True once this process used the npu runtime (memory, streams).
+// True once this process used the npu runtime (memory, streams) or called
+// initialize().
 bool runtimeInitialized() noexcept;
+// torch.npu.init(): starts the runtime of the current device now (as
+// torch.cuda.init() creates the context), so that a fork from here on leaves a
+// child that raises. Raises in such a child, or without a device.
+void initialize();
 c10::DeviceIndex currentDevice();
 void setDevice(c10::DeviceIndex index);
-// -1 means the current device.
+// -1 means the current device; another negative index (a wrapped one) raises.
 c10::DeviceIndex resolveDevice(c10::DeviceIndex index);
 runtime::Device& runtimeDevice(c10::DeviceIndex index);
 // Waits for every stream of the device; raises a failed kernel's error.
 void synchronizeDevice(c10::DeviceIndex index);
+
+// The dtypes the device's kernels compute in (the op library declares them at
+// registration; others take the CPU fallback): what
+// torch.accelerator.get_device_capability() reports.
+void setNativeDtypes(const std::vector<c10::ScalarType>& types);
+bool computesNatively(c10::ScalarType type);
 
 // Runs `fn`, turning runtime exceptions (a failed kernel, a bad stream) into a
 // c10::Error that says where the error was seen and how to find its origin.

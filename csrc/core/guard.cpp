@@ -45,6 +45,22 @@ struct NPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::Stream exchangeStream(c10::Stream stream) const override { return npu::exchangeStream(stream); }
   c10::DeviceIndex deviceCount() const noexcept override { return npu::deviceCount(); }
 
+  // torch.accelerator.get_device_capability(): the dtypes the npu computes in
+  // (float64 is not among them: it takes the CPU fallback), as XPU leaves out
+  // float64 on devices without it.
+  c10::DeviceCapability getDeviceCapability(c10::Device device) const override {
+    checkDevice(resolveDevice(device.index()));
+    c10::DeviceCapability capability;
+    capability.capability_data.capability_bits = 0;
+#define NPU_NATIVE_DTYPE(_, name)                      \
+  if (computesNatively(c10::ScalarType::name)) {       \
+    capability.capability_data.capability_bits |= 1ULL << c10::kIndex_##name; \
+  }
+    AT_FORALL_SCALAR_TYPES_WITH_COMPLEX_AND_QINTS(NPU_NATIVE_DTYPE)
+#undef NPU_NATIVE_DTYPE
+    return capability;
+  }
+
   bool queryStream(const c10::Stream& stream) const override { return npu::queryStream(stream); }
   void synchronizeStream(const c10::Stream& stream) const override {
     npu::synchronizeStream(stream, "Stream.synchronize()");

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <vector>
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <c10/util/Exception.h>
 
 #include "device.h"
@@ -26,7 +27,10 @@ void pruneCompleted(Uses& uses) {
   uses.erase(std::remove_if(uses.begin(), uses.end(), [](const auto& use) { return use->query(); }), uses.end());
 }
 
-class PinnedHostAllocator final : public c10::Allocator {
+// An at::HostAllocator, so torch.accelerator.empty_host_cache() and PyTorch's
+// host-allocator calls reach it. It keeps no free blocks: a pinned block goes
+// back to the HAL once its tensor is freed and its queued copies have run.
+class PinnedHostAllocator final : public at::HostAllocator {
  public:
   c10::DataPtr allocate(std::size_t n) override {
     if (n == 0) return c10::DataPtr(nullptr, c10::Device(c10::kCPU));
@@ -36,7 +40,38 @@ class PinnedHostAllocator final : public c10::Allocator {
                      " bytes of page-locked host memory");
     std::lock_guard<std::mutex> lock(mutex_);
     blocks_[static_cast<const char*>(ptr)].size = n;
+    stats_.active_requests.increase(1);
+    stats_.active_bytes.increase(n);
+    stats_.allocations.increase(1);
+    stats_.allocated_bytes.increase(n);
+    stats_.num_host_alloc++;
     return c10::DataPtr(ptr, ptr, &release, c10::Device(c10::kCPU));
+  }
+
+  // at::HostAllocator: a copy on `stream` reads or writes the block of `ptr`.
+  bool record_event(void* ptr, void* /*ctx*/, c10::Stream stream) override {
+    if (stream.device_type() != c10::DeviceType::PrivateUse1 || !contains(ptr)) return false;
+    recordUse(ptr, runtime::hal().device(stream.device_index()).stream(stream.id()));
+    return true;
+  }
+  // Gives back the blocks whose tensors are gone and whose copies have run.
+  void empty_cache() override { releaseFinished(); }
+  at::HostStats get_stats() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+  void reset_accumulated_stats() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto* stat : {&stats_.active_requests, &stats_.active_bytes, &stats_.allocations, &stats_.allocated_bytes}) {
+      stat->reset_accumulated();
+    }
+    stats_.num_host_alloc = stats_.num_host_free = 0;
+  }
+  void reset_peak_stats() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto* stat : {&stats_.active_requests, &stats_.active_bytes, &stats_.allocations, &stats_.allocated_bytes}) {
+      stat->reset_peak();
+    }
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
   void copy_data(void* dst, const void* src, std::size_t count) const override {
@@ -86,12 +121,27 @@ class PinnedHostAllocator final : public c10::Allocator {
       auto it = blocks_.find(static_cast<const char*>(ptr));
       TORCH_INTERNAL_ASSERT(it != blocks_.end(), "pinned host allocator: unknown pointer");
       Uses uses = std::move(it->second.uses);
+      stats_.active_requests.decrease(1);
+      stats_.active_bytes.decrease(it->second.size);
+      deferred_size_[ptr] = it->second.size;
       blocks_.erase(it);
       pruneCompleted(uses);
       if (!uses.empty()) {
         deferred_.emplace_back(ptr, std::move(uses));
         return;
       }
+    }
+    hostFree(ptr);
+  }
+
+  void hostFree(void* ptr) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = deferred_size_.find(ptr);
+      stats_.allocations.decrease(1);
+      stats_.allocated_bytes.decrease(it->second);
+      stats_.num_host_free++;
+      deferred_size_.erase(it);
     }
     runtime::hal().hostFree(ptr);
   }
@@ -110,16 +160,20 @@ class PinnedHostAllocator final : public c10::Allocator {
         }
       }
     }
-    for (void* ptr : finished) runtime::hal().hostFree(ptr);
+    for (void* ptr : finished) hostFree(ptr);
   }
 
   std::mutex mutex_;
   std::map<const char*, PinnedBlock> blocks_;
   std::vector<std::pair<void*, Uses>> deferred_;  // freed by their tensors, copies still queued
+  std::map<void*, std::size_t> deferred_size_;      // sizes of blocks being released
+  at::HostStats stats_;
 };
 
 PinnedHostAllocator* g_pinned = new PinnedHostAllocator();
 void PinnedHostAllocator::release(void* ptr) { g_pinned->free(ptr); }
+
+REGISTER_HOST_ALLOCATOR(c10::DeviceType::PrivateUse1, g_pinned)
 
 }  // namespace
 

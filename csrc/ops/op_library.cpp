@@ -12,6 +12,7 @@
 #include <set>
 #include <vector>
 
+#include "../core/device.h"
 #include "../dispatch/fallback.h"
 #include "native_kernel.h"
 
@@ -206,6 +207,13 @@ void registerOpLibrary() {
       }
       if (!matched) unmatched().push_back(entry.name);
     }
+    DtypeSet native;
+    for (const auto& entry : libraryEntries()) native = native | entry.dtypes;
+    std::vector<c10::ScalarType> types;
+    for (int i = 0; i < static_cast<int>(c10::ScalarType::NumOptions); ++i) {
+      if (native.contains(static_cast<c10::ScalarType>(i))) types.push_back(static_cast<c10::ScalarType>(i));
+    }
+    setNativeDtypes(types);
     static auto* layouts = new torch::Library(torch::Library::IMPL, "aten", std::nullopt, __FILE__, __LINE__);
     registerLayoutKernels(*layouts, c10::DispatchKey::SparseCPU, c10::DispatchKey::SparsePrivateUse1, [] {
       return torch::CppFunction::makeFromBoxedFunction<&runOnHostFor<c10::DispatchKey::SparseCPU>>();

@@ -55,6 +55,12 @@ void bindRuntime(py::module_& m) {
   });
   m.def("_is_in_bad_fork", [] { return npu::inBadFork(); });
   m.def("_is_initialized", [] { return npu::runtimeInitialized(); });
+  m.def("_init", [] { npu::initialize(); });
+  // Validates a device index (ints of any size, and torch.device's wrapped ones).
+  m.def("_check_device_index", [](int64_t d) { return static_cast<int>(npu::toDeviceIndex(d)); });
+  m.def("_device_type", [] { return static_cast<int>(npu::kNPU); });
+  // Validates a stream id of an npu device (torch.npu.Stream(stream_id=...)).
+  m.def("_check_stream", [](int64_t id, int64_t d) { npu::runtimeStream(unpackStream(id, d)); });
   m.def("_pinned_pending_uses", [] { return npu::pinnedPendingUses(); });
   m.def("_device_properties", [](int64_t d) {
     const auto& p = npu::runtimeDevice(npu::toDeviceIndex(d)).properties();

@@ -83,6 +83,11 @@ _INDUCTOR_NAMES = {
 
 
 def __getattr__(name):
+    if name == "_initialized":
+        # torch.cuda's flag, read by device-generic code (torch.utils.checkpoint
+        # stashes the device's RNG state only when it is true): live, so it is
+        # true after init() and after the first npu use alike.
+        return _C._is_initialized() and not _is_in_bad_fork()
     if name in _INDUCTOR_NAMES:
         from torch_npu._compile import _codegen
         _codegen.register()

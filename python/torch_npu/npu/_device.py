@@ -12,8 +12,9 @@ _DeviceLike = Union[torch.device, str, int, None]
 def _get_device_index(device: _DeviceLike, optional: bool = True) -> int:
     """The npu index of ``device`` (an int, "npu", "npu:1", torch.device or None).
 
-    The index is validated in full (torch_npu._C checks the range before it narrows
-    it to c10's 8-bit device index), so npu:256 is an error, never npu:0.
+    The index is validated in full, before anything narrows it to c10's 8-bit
+    device index, so npu:256 is an "invalid device" error, never npu:0; -1 means
+    the current device.
     """
     if isinstance(device, str):
         device = torch.device(device)
@@ -27,7 +28,9 @@ def _get_device_index(device: _DeviceLike, optional: bool = True) -> int:
         return current_device()
     if isinstance(device, bool) or not isinstance(device, int):
         raise TypeError(f"expected an npu device (int, str or torch.device), got {type(device).__name__}")
-    return device
+    if device == -1:
+        return current_device()
+    return _C._check_device_index(device)
 
 
 def is_available() -> bool:
@@ -35,16 +38,24 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    """True once this process used the npu runtime (memory, streams), as torch.cuda's."""
-    return _C._is_initialized()
+    """True once the npu runtime started (``init()`` or the first npu use), as torch.cuda's;
+    False in a child forked after that (its npu calls raise)."""
+    return _C._is_initialized() and not _is_in_bad_fork()
 
 
 def init() -> None:
-    """Kept for torch.cuda compatibility: the npu runtime starts on first use."""
+    """Starts the npu runtime now, as ``torch.cuda.init()`` creates the CUDA context.
+
+    It otherwise starts at the first npu use. From then on ``is_initialized()``
+    is true, ``torch.npu._initialized`` (what ``torch.utils.checkpoint`` and other
+    device-generic code read) too, and a child forked afterwards raises at its
+    first npu call. Raises in such a child.
+    """
+    _C._init()
 
 
 def _lazy_init() -> None:
-    pass
+    _C._init()
 
 
 def _is_in_bad_fork() -> bool:

@@ -19,10 +19,21 @@ class Stream(torch.Stream):
     """
 
     def __new__(cls, device: Any = None, priority: int = 0, **kwargs):
-        if "stream_id" in kwargs:  # wrapping an existing stream
-            return super().__new__(cls, **kwargs)
+        if "stream_id" in kwargs:  # wrapping an existing stream: it must exist
+            stream_id, index, device_type = (kwargs.get(k) for k in ("stream_id", "device_index", "device_type"))
+            if device_type != _C._device_type():
+                raise ValueError(f"torch.npu.Stream: device_type {device_type} is not the npu's "
+                                 f"({_C._device_type()}); wrap only streams of npu devices")
+            index = _get_device_index(index)
+            _C._check_stream(stream_id, index)
+            return super().__new__(cls, stream_id=stream_id, device_index=index, device_type=device_type)
         index = _get_device_index(device)
         return super().__new__(cls, device=torch.device("npu", index), priority=priority)
+
+    @classmethod
+    def _of(cls, stream_id: int, device_index: int, device_type: int) -> "Stream":
+        """A stream the runtime just named (current_stream(), default_stream()): no checks."""
+        return torch.Stream.__new__(cls, stream_id=stream_id, device_index=device_index, device_type=device_type)
 
     @property
     def priority(self) -> int:
@@ -68,13 +79,11 @@ class Event(torch.Event):
 
 
 def current_stream(device: Any = None) -> Stream:
-    stream_id, device_index, device_type = _C._current_stream(_get_device_index(device))
-    return Stream(stream_id=stream_id, device_index=device_index, device_type=device_type)
+    return Stream._of(*_C._current_stream(_get_device_index(device)))
 
 
 def default_stream(device: Any = None) -> Stream:
-    stream_id, device_index, device_type = _C._default_stream(_get_device_index(device))
-    return Stream(stream_id=stream_id, device_index=device_index, device_type=device_type)
+    return Stream._of(*_C._default_stream(_get_device_index(device)))
 
 
 def _check_npu_stream(stream: torch.Stream) -> None:
