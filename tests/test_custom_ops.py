@@ -204,3 +204,46 @@ def test_explicit_backward_sees_inplace_changes():
     y.add_(1)  # modifies a saved input: autograd must refuse, not compute with the new values
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.sum().backward()
+
+
+def test_custom_op_fallbacks_take_the_aten_path_policies_observers_and_statistics():
+    from torch_npu import NPUFallbackMode
+    from torch_npu import fallback as fallback_module
+
+    registry.register(name="half_or_cpu", impl=lambda x: x * 2, priority=100, dtype=["float16"])
+    registry.register(name="half_or_cpu", impl=lambda x: x * 3, device="cpu", priority=10)
+    x = torch.ones(4, device="npu", requires_grad=True)
+    seen = []
+    fallback_module._observers.append(lambda op, reason: seen.append((op, reason)))
+    try:
+        # policy "npu": never fall back, although a cpu implementation exists
+        NPUFallbackMode.set_op_fallback("npu::half_or_cpu", "npu")
+        with pytest.raises(NotImplementedError, match=r"npu::half_or_cpu.*policy for 'npu::half_or_cpu' is 'npu'"):
+            torch.ops.npu.half_or_cpu(x)
+        assert seen == []
+        # default: float32 falls back for its dtype; gradients flow through the copies
+        NPUFallbackMode.set_op_fallback("npu::half_or_cpu", "default")
+        out = torch.ops.npu.half_or_cpu(x)
+        out.sum().backward()
+        assert out.device.type == "npu" and out.tolist() == [3.0] * 4 and x.grad.tolist() == [3.0] * 4
+        # policy "cpu": the cpu implementation even where an npu one accepts the dtype
+        NPUFallbackMode.set_op_fallback("npu::half_or_cpu", "cpu")
+        assert torch.ops.npu.half_or_cpu(torch.ones(2, device="npu").half()).tolist() == [3.0, 3.0]
+        NPUFallbackMode.set_op_fallback("npu::half_or_cpu", "default")
+        assert torch.ops.npu.half_or_cpu(torch.ones(2, device="npu").half()).tolist() == [2.0, 2.0]
+    finally:
+        fallback_module._observers.pop()
+    assert seen == [("npu::half_or_cpu", "dtype"), ("npu::half_or_cpu", "policy")]
+    stats = NPUFallbackMode.get_fallback_stats()["npu::half_or_cpu"]
+    assert stats.count == 2 and stats.bytes_copied == 16 + 16 + 4 + 4
+
+
+def test_custom_op_fallback_warns_once_in_warn_mode():
+    registry.register(name="warned_op", impl=lambda x: x + 1, device="cpu")
+    torch_npu.set_fallback_mode("warn")
+    with pytest.warns(UserWarning, match="npu::warned_op"):
+        torch.ops.npu.warned_op(torch.ones(2, device="npu"))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.ops.npu.warned_op(torch.ones(2, device="npu")).tolist() == [2.0, 2.0]

@@ -6,7 +6,10 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <ATen/core/enum_tag.h>
+#include <ATen/native/Resize.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 
 #include <algorithm>
 #include <limits>
@@ -107,7 +110,10 @@ std::string describeArguments(const c10::FunctionSchema& schema, const torch::ji
   if (reason == FallbackReason::Dtype) {
     why << "the npu kernel does not support dtype " << dtype_list;
     if (refusal != nullptr) why << "; it supports " << refusal->supported;
-    why << " (the npu has no float64 kernels, and complex ones only for torch.fft; cast with .float() to stay on the npu)";
+    if (startsWith(base, "aten::")) {
+      why << " (the npu has no float64 kernels, and complex ones only for torch.fft; cast with .float() to stay on "
+             "the npu)";
+    }
   } else {
     why << "no npu kernel is registered for it";
   }
@@ -338,6 +344,14 @@ const char* fallbackReasonName(FallbackReason reason) {
   return "unknown";
 }
 
+FallbackReason parseFallbackReason(const std::string& name) {
+  for (auto reason : {FallbackReason::NoKernel, FallbackReason::Dtype, FallbackReason::Policy,
+                      FallbackReason::KernelError}) {
+    if (name == fallbackReasonName(reason)) return reason;
+  }
+  throw std::invalid_argument("'" + name + "' is not a fallback reason; use no_kernel, dtype, policy or kernel_error");
+}
+
 void FallbackPolicy::log(const std::string& op, FallbackReason reason, const std::string& line) const {
   Logger logger;
   {
@@ -541,7 +555,7 @@ c10::Device deviceOfArguments(const c10::OperatorHandle& op, const torch::jit::S
 }
 
 void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, FallbackReason reason,
-                 const DtypeRefusal* refusal) {
+                 const DtypeRefusal* refusal, const HostRunner& run_on_host) {
   auto& policy = FallbackPolicy::instance();
   const auto& schema = op.schema();
   const auto& args = schema.arguments();
@@ -607,7 +621,11 @@ void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, Fallba
     }
   }
 
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  if (run_on_host) {
+    run_on_host(stack);
+  } else {
+    redispatchToCpu(op, c10::DispatchKeySet(c10::DispatchKey::CPU), stack, target.index());
+  }
 
   for (auto& w : written) {
     if (w.npu_tensor.sizes() != w.host_tensor.sizes()) w.npu_tensor.resize_(w.host_tensor.sizes());
@@ -646,6 +664,135 @@ void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, Fallba
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
   policy.record(displayName(op), reason, ns, to_cpu, to_npu);
   traced.setBytes(static_cast<std::size_t>(to_cpu + to_npu));
+}
+
+// ---- random ops without a Generator argument ------------------------------------
+
+namespace {
+
+bool isSeededWithoutGenerator(const c10::OperatorHandle& op) {
+  if (!op.hasTag(at::Tag::nondeterministic_seeded)) return false;
+  for (const auto& arg : op.schema().arguments()) {
+    if (isGeneratorArgument(arg)) return false;
+  }
+  return true;
+}
+
+// The overload of the same op that takes the same arguments plus a Generator
+// (randperm -> randperm.generator, randperm.out -> randperm.generator_out).
+std::optional<c10::OperatorHandle> findGeneratorTwin(const c10::OperatorHandle& op) {
+  const auto& ours = op.schema().arguments();
+  for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name != op.operator_name().name || name == op.operator_name()) continue;
+    auto twin = c10::Dispatcher::singleton().findSchema(name);
+    if (!twin) continue;
+    const auto& theirs = twin->schema().arguments();
+    if (theirs.size() != ours.size() + 1) continue;
+    size_t i = 0;
+    bool same = true;
+    for (const auto& arg : theirs) {
+      if (isGeneratorArgument(arg)) continue;
+      if (i >= ours.size() || arg.name() != ours[i].name() || *arg.type() != *ours[i].type()) {
+        same = false;
+        break;
+      }
+      ++i;
+    }
+    if (same && i == ours.size()) return twin;
+  }
+  return std::nullopt;
+}
+
+std::optional<c10::OperatorHandle> generatorTwin(const c10::OperatorHandle& op) {
+  static std::mutex mutex;
+  static std::unordered_map<c10::OperatorName, std::optional<c10::OperatorHandle>> twins;  // looked up once per op
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = twins.find(op.operator_name());
+  if (it == twins.end()) it = twins.emplace(op.operator_name(), findGeneratorTwin(op)).first;
+  return it->second;
+}
+
+// native_dropout's CPU kernel with an explicit generator: a bool mask drawn by
+// bernoulli_(1 - p), the output input * mask * (1 / (1 - p)), the same
+// computation as ATen's (tests/test_random.py compares it on the cpu).
+void nativeDropoutWithDraw(const c10::OperatorHandle& op, torch::jit::Stack* stack, const at::Generator& draw) {
+  const size_t n = op.schema().arguments().size();
+  const size_t begin = stack->size() - n;
+  const at::Tensor input = (*stack)[begin].toTensor();
+  const double p = (*stack)[begin + 1].toDouble();
+  const double keep = 1. - p;
+  const double scale = keep == 0 ? 0. : 1. / keep;
+  at::Tensor mask = at::empty_like(input, input.options().dtype(c10::kBool), c10::MemoryFormat::Contiguous);
+  mask.bernoulli_(keep, draw);
+  at::Tensor output = input.mul(mask).mul_(scale);
+  if (n == 5) {  // native_dropout.out(input, p, train, *, out0, out1)
+    at::Tensor out0 = (*stack)[begin + 3].toTensor();
+    at::Tensor out1 = (*stack)[begin + 4].toTensor();
+    at::native::resize_output(out0, output.sizes());
+    at::native::resize_output(out1, mask.sizes());
+    out0.copy_(output);
+    out1.copy_(mask);
+    output = out0;
+    mask = out1;
+  }
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, output, mask);
+}
+
+bool isNativeDropout(const c10::OperatorHandle& op) { return op.schema().name() == "aten::native_dropout"; }
+
+// native_dropout draws only when it drops: in training, on a non-empty input.
+bool nativeDropoutDraws(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const size_t begin = stack.size() - op.schema().arguments().size();
+  const c10::IValue& train = stack[begin + 2];
+  return stack[begin].toTensor().numel() > 0 && (train.isNone() || train.toBool());
+}
+
+}  // namespace
+
+void redispatchToCpu(const c10::OperatorHandle& op, c10::DispatchKeySet cpu_keys, torch::jit::Stack* stack,
+                     c10::DeviceIndex device) {
+  if (C10_LIKELY(!isSeededWithoutGenerator(op))) {
+    op.redispatchBoxed(cpu_keys, stack);
+    return;
+  }
+  if (isNativeDropout(op)) {
+    if (!nativeDropoutDraws(op, *stack)) {
+      op.redispatchBoxed(cpu_keys, stack);  // draws nothing: a copy and an all-true mask
+      return;
+    }
+    nativeDropoutWithDraw(op, stack, drawFor(std::nullopt, device));
+    return;
+  }
+  if (auto twin = generatorTwin(op)) {
+    const size_t n = op.schema().arguments().size();
+    std::vector<c10::IValue> ours(stack->end() - static_cast<std::ptrdiff_t>(n), stack->end());
+    torch::jit::drop(*stack, n);
+    size_t next = 0;
+    for (const auto& arg : twin->schema().arguments()) {
+      if (isGeneratorArgument(arg)) {
+        stack->emplace_back(drawFor(std::nullopt, device));
+      } else {
+        stack->push_back(std::move(ours[next++]));
+      }
+    }
+    twin->redispatchBoxed(cpu_keys, stack);
+    return;
+  }
+  // Tagged random but drawing nothing on the cpu (_fused_sdp_choice picks a
+  // kernel; the cpu's flash attention refuses dropout): runs as it is.
+  op.redispatchBoxed(cpu_keys, stack);
+}
+
+std::vector<std::string> randomOpsGivenTheNpuDraw() {
+  std::vector<std::string> names;
+  for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    auto op = c10::Dispatcher::singleton().findSchema(name);
+    if (!op || !isSeededWithoutGenerator(*op)) continue;
+    if (isNativeDropout(*op) || generatorTwin(*op)) names.push_back(displayName(*op));
+  }
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 namespace {

@@ -100,11 +100,34 @@ struct DtypeRefusal {
   std::string supported;  // "Float, Half, BFloat16, Byte, ..."
 };
 
+// The CPU side of a fallback: replaces the op's arguments on the stack (host
+// tensors by then) with its results.
+using HostRunner = std::function<void(torch::jit::Stack*)>;
+
 // Runs `op` on the CPU with the stack's npu tensors copied to the host, per the
 // mode and policies. Raises for mode "error" or an op policy "npu". The op runs
 // in stream order: it holds the current stream of its device (core/stream.h).
+// `run_on_host` does the CPU work: by default the op's CPU kernel
+// (redispatchToCpu); for a custom operator, its cpu implementation.
 void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, FallbackReason reason,
-                 const DtypeRefusal* refusal = nullptr);
+                 const DtypeRefusal* refusal = nullptr, const HostRunner& run_on_host = nullptr);
+// "no_kernel", "dtype", "policy", "kernel_error" -> the reason; throws
+// std::invalid_argument for anything else.
+FallbackReason parseFallbackReason(const std::string& name);
+
+// Runs the kernel of `op` for `cpu_keys` (CPU, SparseCPU, NestedTensorCPU) on
+// the host tensors of the stack, as op.redispatchBoxed() does, with the random
+// numbers of the npu. A Generator argument already holds the npu's draw (the
+// callers take it at launch). The random ops whose schema has no Generator
+// argument (native_dropout, randperm) would draw inside their CPU kernel from
+// the cpu's default generator: they run their generator-taking form instead,
+// with a draw of `device`'s default npu generator, taken here.
+void redispatchToCpu(const c10::OperatorHandle& op, c10::DispatchKeySet cpu_keys, torch::jit::Stack* stack,
+                     c10::DeviceIndex device);
+// The random ops without a Generator argument that redispatchToCpu() gives the
+// npu's draw ("aten::native_dropout", ...), for the test that every random op
+// PyTorch has is covered.
+std::vector<std::string> randomOpsGivenTheNpuDraw();
 
 // The checks cpuFallback() makes before it runs `op` on the CPU: raises for
 // mode "error" or an op policy "npu"; warns (mode "warn") and logs. For

@@ -350,7 +350,7 @@ void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* s
     }
   }
 
-  op.redispatchBoxed(cpu_keys, stack);
+  dispatch::redispatchToCpu(op, cpu_keys, stack, device.index());
 
   for (const auto& t : written) exec.syncBack(t);
   const size_t returns = schema.returns().size();

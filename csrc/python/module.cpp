@@ -3,6 +3,7 @@
 #include <torch/csrc/Event.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
 #include <chrono>
@@ -156,6 +157,43 @@ py::tuple packResolution(const npu::dispatch::OpResolution& r) {
   return py::make_tuple(r.name, r.backend, r.priority, r.backends);
 }
 
+// torch_npu._C._custom_op_fallback: see bindDispatch.
+py::object customOpFallback(const std::string& name, const std::string& reason, const std::string& refused,
+                            const std::string& supported, py::function run_on_cpu, py::args args, py::kwargs kwargs) {
+  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), "");
+  torch::jit::Stack stack = torch::jit::createStackForSchema(op.schema(), args, kwargs, std::nullopt);
+  const npu::dispatch::DtypeRefusal refusal{refused, supported};
+  npu::dispatch::FallbackReason parsed;
+  try {
+    parsed = npu::dispatch::parseFallbackReason(reason);
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(e.what());
+  }
+  npu::dispatch::cpuFallback(op, &stack, parsed, refused.empty() ? nullptr : &refusal, [&](torch::jit::Stack* host) {
+    const auto& schema = op.schema();
+    const size_t n = schema.arguments().size();
+    py::list positional;
+    py::dict keywords;
+    for (size_t i = 0; i < n; ++i) {
+      const auto& arg = schema.arguments()[i];
+      py::object value = torch::jit::toPyObject((*host)[host->size() - n + i]);
+      if (arg.kwarg_only()) keywords[py::str(arg.name())] = value;
+      else positional.append(value);
+    }
+    py::object result = run_on_cpu(*positional, **keywords);
+    torch::jit::drop(*host, n);
+    if (schema.returns().size() == 1) {
+      host->push_back(torch::jit::toIValue(result, schema.returns()[0].type()));
+      return;
+    }
+    auto items = result.cast<py::sequence>();
+    for (size_t r = 0; r < schema.returns().size(); ++r) {
+      host->push_back(torch::jit::toIValue(items[r], schema.returns()[r].type()));
+    }
+  });
+  return torch::jit::createPyObjectForStack(std::move(stack));
+}
+
 void bindDispatch(py::module_& m) {
   using npu::dispatch::FallbackPolicy;
   m.def("_fallback_mode", [] { return npu::dispatch::fallbackModeName(FallbackPolicy::instance().mode()); });
@@ -194,11 +232,10 @@ void bindDispatch(py::module_& m) {
     return out;
   });
   m.def("_reset_fallback_stats", [] { FallbackPolicy::instance().resetStats(); });
-  // A custom op's cpu implementation served npu inputs: counted like any fallback.
-  m.def("_record_fallback", [](const std::string& op, int64_t ns, int64_t to_cpu, int64_t to_npu) {
-    FallbackPolicy::instance().record(op, npu::dispatch::FallbackReason::Dtype, ns, to_cpu, to_npu);
-  });
-  m.def("_first_fallback_warning", [](const std::string& op) { return FallbackPolicy::instance().firstWarning(op); });
+  // A custom operator's cpu implementation serving npu inputs: the aten ops'
+  // fallback (mode, policy, warning, logger, statistics, copies), with the
+  // Python implementation as its CPU work. Its warning becomes a Python warning.
+  m.def("_custom_op_fallback", torch::wrap_pybind_function(customOpFallback));
   m.def("_set_fallback_logger", [](py::object logger) {
     if (logger.is_none()) {
       FallbackPolicy::instance().setLogger(nullptr);
@@ -226,6 +263,7 @@ void bindDispatch(py::module_& m) {
     for (const auto& r : npu::dispatch::allOps()) out.append(packResolution(r));
     return out;
   });
+  m.def("_random_ops_given_the_npu_draw", [] { return npu::dispatch::randomOpsGivenTheNpuDraw(); });
   m.def("_num_native_kernels", [] { return npu::dispatch::numNativeKernels(); });
   m.def("_unmatched_library_names", [] { return npu::ops::unmatchedLibraryNames(); });
 }

@@ -5,9 +5,11 @@ operator once (in the ``npu`` namespace, through ``torch.library``) and adds an
 implementation; several implementations may share a name. The operator's one
 kernel picks, at each call, the implementation of the inputs' device with the
 highest priority whose dtype set accepts the inputs. For npu inputs that no
-npu implementation accepts, a ``device="cpu"`` implementation runs on cpu copies,
-counted in the fallback statistics, unless the fallback mode is "error"; without
-one the call raises "not supported", naming the dtypes and the implementations.
+npu implementation accepts (or when the op's fallback policy is "cpu"), a
+``device="cpu"`` implementation runs on cpu copies through the C++ fallback of
+aten ops: the same mode, op policies ("npu" forbids it), warning, logger and
+statistics. Without one the call raises "not supported", naming the dtypes and
+the implementations.
 
 The kernel is registered for CompositeImplicitAutograd: autograd flows through
 the implementation's own ops (or its ``torch.autograd.Function``), torch.compile
@@ -15,12 +17,11 @@ traces through it on fake tensors, and torch.jit records the operator by name.
 """
 import inspect
 import threading
-import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten
 
 from . import _C
 
@@ -197,46 +198,36 @@ def _run(chosen: Implementation, args, kwargs):
     return chosen.impl(*args, **kwargs)
 
 
-def _run_on_cpu(op: CustomOp, chosen: Implementation, args, kwargs, target: torch.device):
-    """The cpu implementation for npu inputs: a counted fallback."""
-    mode = _C._fallback_mode()
-    if mode == "warn" and _C._first_fallback_warning(op.qualified_name):
-        import warnings
+def _dtype_names(dtypes) -> str:
+    return ", ".join(sorted(str(d).replace("torch.", "") for d in dtypes))
 
-        warnings.warn(f"Operator '{op.qualified_name}' has no npu implementation for these dtypes and runs its "
-                      f"cpu implementation (a round trip; see torch_npu.NPUFallbackMode.get_fallback_stats()). "
-                      f"This warning is shown once per op.", stacklevel=4)
-    start = time.perf_counter_ns()
-    moved = {"to_cpu": 0, "to_npu": 0}
 
-    def to_cpu(t):
-        if isinstance(t, torch.Tensor) and t.device.type == "npu":
-            moved["to_cpu"] += t.numel() * t.element_size()
-            return t.cpu()
-        return t
-
-    def to_npu(t):
-        if isinstance(t, torch.Tensor) and t.device.type == "cpu":
-            moved["to_npu"] += t.numel() * t.element_size()
-            return t.to(target)
-        return t
-
-    result = tree_map(to_npu, _run(chosen, tree_map(to_cpu, args), tree_map(to_cpu, kwargs)))
-    _C._record_fallback(op.qualified_name, time.perf_counter_ns() - start, moved["to_cpu"], moved["to_npu"])
-    return result
+def _fall_back(op: CustomOp, cpu_impl: Implementation, args, kwargs, dtypes, policy: str):
+    """Runs ``cpu_impl`` for npu inputs through the fallback of aten ops (C++): its mode,
+    op policies, warning, logger (the doctor's observers) and statistics, and its copies."""
+    npu_impls = [i for i in op.implementations if i.device == "npu"]
+    if policy == "cpu":
+        reason, refused, supported = "policy", "", ""
+    elif npu_impls:
+        reason, refused = "dtype", _dtype_names(dtypes) or "none"
+        supported = "; ".join(i.describe() for i in npu_impls)
+    else:
+        reason, refused, supported = "no_kernel", "", ""
+    return _C._custom_op_fallback(op.qualified_name, reason, refused, supported,
+                                  lambda *a, **k: _run(cpu_impl, a, k), *args, **kwargs)
 
 
 def _kernel_for(op: CustomOp):
     def kernel(*args, **kwargs):
-        args, kwargs = op.complete(args, kwargs)
-        tensors = _tensors((args, kwargs))
-        on_npu = [t for t in tensors if t.device.type == "npu"]
-        device = "npu" if on_npu else "cpu"
+        full_args, full_kwargs = op.complete(args, kwargs)
+        tensors = _tensors((full_args, full_kwargs))
+        device = "npu" if any(t.device.type == "npu" for t in tensors) else "cpu"
         dtypes = _computing_dtypes(tensors)
-        ranked = sorted((i for i in op.implementations if i.device == device), key=lambda i: -i.priority)
-        for candidate in ranked:
-            if candidate.accepts(dtypes):
-                return _run(candidate, args, kwargs)
+        policy = _C._op_fallback(op.qualified_name) if device == "npu" else "default"
+        if policy != "cpu":
+            for candidate in sorted((i for i in op.implementations if i.device == device), key=lambda i: -i.priority):
+                if candidate.accepts(dtypes):
+                    return _run(candidate, full_args, full_kwargs)
         if device == "cpu":
             raise _not_supported(op, "cpu", dtypes, "no cpu implementation accepts them",
                                  "Move the inputs to the npu (.npu()), or " + _register_hint(op, "cpu"))
@@ -246,11 +237,7 @@ def _kernel_for(op: CustomOp):
             raise _not_supported(op, "npu", dtypes, "no npu implementation accepts them and no cpu one does",
                                  "To run it, " + _register_hint(op, "npu")
                                  + " A device='cpu' one would serve as the fallback.")
-        if _C._fallback_mode() == "error":
-            raise _not_supported(op, "npu", dtypes, "no npu implementation accepts them, and the fallback mode "
-                                 "is 'error'", "To run its cpu implementation: torch_npu.set_fallback_mode('auto') "
-                                 "(or 'warn'), or " + _register_hint(op, "npu"))
-        return _run_on_cpu(op, fallback, args, kwargs, on_npu[0].device)
+        return _fall_back(op, fallback, args, kwargs, dtypes, policy)
 
     kernel.__name__ = f"npu_{op.name}"
     return kernel
