@@ -76,3 +76,12 @@ from . import distributed  # noqa: E402  (the "hccl" c10d backend for npu tensor
 torch._C._set_multithreading_enabled(False)
 
 __version__ = "0.1.0"
+
+# TORCH_TRANSFER_TO_NPU=1: a script written for CUDA runs on the npu with no change
+# at all, not even an import of torch_npu (torch imports this package through its
+# torch.backends entry point): "cuda" means the npu from the start, as when the
+# script imports torch_npu.contrib.transfer_to_npu itself.
+import os as _os  # noqa: E402
+
+if _os.environ.get("TORCH_TRANSFER_TO_NPU", "").strip().lower() not in ("", "0", "false", "no", "off"):
+    from .contrib import transfer_to_npu  # noqa: E402,F401

@@ -15,10 +15,18 @@ and inductor are heavy, so the registrations happen when PyTorch loads them
 ``torch.compile(model, backend="npu")`` (``backend.py``) adds graph passes that
 put the fused npu ops in place of their compositions; ``torch_npu.compile``
 falls back to eager when compilation fails.
+
+Every change to dynamo's and inductor's own objects goes through
+:mod:`torch_npu._patches` in the group ``"compile"``:
+``torch_npu._patches.undo("compile")`` takes them back (the registrations made
+through PyTorch's APIs, the device interface, the "npu" backend and inductor's
+device backend, stay).
 """
 import importlib.abc
 import importlib.util
 import sys
+
+GROUP = "compile"   # the torch_npu._patches group of every change made here
 
 _HOOKED = {
     "torch._dynamo.device_interface": "torch_npu._compile._device_interface",

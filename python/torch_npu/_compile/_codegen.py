@@ -11,6 +11,8 @@ Loaded by inductor's backend registration through ``torch.npu.Scheduling`` etc.
 (``register()`` runs on first access), which also teaches inductor, at each place
 that tests ``device.type == "cpu"`` where the answer changes the kernels, that the
 npu is served by its C++ backend: npu graphs get the kernels cpu graphs get.
+Those changes to inductor's modules, classes and table of lowerings go through
+:mod:`torch_npu._patches` in the group ``"compile"``.
 """
 import contextlib
 import functools
@@ -32,6 +34,9 @@ from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPython
 from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen  # noqa: F401  (torch.npu.WrapperFxCodegen)
 from torch._inductor.utils import sympy_product
 from torch._inductor.virtualized import V
+
+from .. import _patches
+from . import GROUP
 
 _CPU = torch.device("cpu")
 
@@ -104,6 +109,16 @@ def _on_npu(node):
     return device is not None and device.type == "npu"
 
 
+def _patch(owner, name, value):
+    """``owner.name = value`` (``owner[name]`` for a dict), undone by ``_patches.undo("compile")``."""
+    return _patches.patch(owner, name, value, GROUP)
+
+
+def _wrap(owner, name, make):
+    """Replaces ``owner.name`` by ``make(original)`` there only."""
+    return _patches.wrap(owner, name, lambda original: functools.wraps(original)(make(original)), GROUP)
+
+
 def _replace(module, name, make):
     """Replaces ``module.name`` by ``make(original)``, also where other inductor modules
     imported it by name and where it is registered as a lowering."""
@@ -111,10 +126,10 @@ def _replace(module, name, make):
     replacement = functools.wraps(original)(make(original))
     for m in list(sys.modules.values()):
         if getattr(m, "__name__", "").startswith("torch._inductor") and getattr(m, name, None) is original:
-            setattr(m, name, replacement)
+            _patch(m, name, replacement)
     for op, lowering in list(_lowering.lowerings.items()):
         if lowering is original:
-            _lowering.lowerings[op] = replacement
+            _patch(_lowering.lowerings, op, replacement)
 
 
 # What the current thread's lowering has asked for (see _arg_reductions, _division).
@@ -138,7 +153,7 @@ def _flagged(name):
 
 def _scheduler_nodes():
     # Loop reordering after fusion is for Triton; inductor skips it for "cpu" nodes only.
-    _scheduler.BaseSchedulerNode.is_cpu = lambda node: _served_by_cpp(node.get_device())
+    _patch(_scheduler.BaseSchedulerNode, "is_cpu", lambda node: _served_by_cpp(node.get_device()))
 
 
 def _realization_heuristics():
@@ -203,7 +218,7 @@ def _arg_reductions():
         return is_triton
 
     _replace(_lowering, "_make_reduction_inner", make_inner)
-    _lowering.is_triton = functools.wraps(_lowering.is_triton)(make_is_triton(_lowering.is_triton))
+    _wrap(_lowering, "is_triton", make_is_triton)
 
 
 def _division():
@@ -223,8 +238,7 @@ def _division():
         return get_constant_value
 
     _replace(_lowering, "div_prim", make_div)
-    _lowering.get_constant_value = functools.wraps(_lowering.get_constant_value)(
-        make_constant(_lowering.get_constant_value))
+    _wrap(_lowering, "get_constant_value", make_constant)
 
 
 def _variance():
@@ -261,20 +275,22 @@ def _layout():
     # PrivateUse1 convolution), so laying npu graphs out channels-last, which
     # inductor's GPU heuristics may choose, would only add copies around each conv.
     from torch._inductor.graph import GraphLowering
-    decide = GraphLowering.decide_layout_opt
 
-    def decide_layout_opt(gm, *, is_inference):
-        convs = [n for n in gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
-        if convs and all(n.args[0].meta["val"].device.type == "npu" for n in convs):
-            return False
-        return decide(gm, is_inference=is_inference)
+    def make(decide):
+        def decide_layout_opt(gm, *, is_inference):
+            convs = [n for n in gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
+            if convs and all(n.args[0].meta["val"].device.type == "npu" for n in convs):
+                return False
+            return decide(gm, is_inference=is_inference)
+        return staticmethod(decide_layout_opt)
 
-    GraphLowering.decide_layout_opt = staticmethod(decide_layout_opt)
+    _patches.wrap(GraphLowering, "decide_layout_opt", make, GROUP)
 
 
 @functools.cache
 def register():
-    """Teaches inductor that npu nodes are compiled by its C++ backend."""
+    """Teaches inductor that npu nodes are compiled by its C++ backend (once: ``_patches.undo("compile")``
+    takes it back for the rest of the process)."""
     _common.register_device_op_overrides("npu", NpuDeviceOpOverrides())
     for teach in (_scheduler_nodes, _realization_heuristics, _backend_rules, _concatenation, _arg_reductions,
                   _division, _variance, _scatter, _layout):

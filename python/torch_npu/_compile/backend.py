@@ -27,6 +27,9 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from .. import _patches
+from . import GROUP
+
 _npu = torch.ops.npu
 _FLOATING = (torch.float32, torch.float16, torch.bfloat16)
 _MATMUL = (operator.matmul, torch.matmul)
@@ -373,21 +376,20 @@ FALLBACK_HINT = ('To run the graphs that fail to compile eagerly instead (with a
 
 def register():
     """Names the backend "npu" for torch.compile and makes its compile errors say how to
-    fall back to eager (run when dynamo's registry loads)."""
+    fall back to eager (run when dynamo's registry loads). The change to dynamo's
+    ``BackendCompilerFailed`` goes through :mod:`torch_npu._patches` (group "compile")."""
     from torch._dynamo import exc
     from torch._dynamo.backends import registry
     if "npu" not in registry._COMPILER_FNS:
         registry.register_backend(compiler_fn=npu_backend, name="npu")
-    failed = exc.BackendCompilerFailed
-    if not getattr(failed, "_npu_hint", False):
-        init = failed.__init__
 
+    def hinting(init):
         def __init__(self, backend_fn, inner_exception, first_useful_frame):
             init(self, backend_fn, inner_exception, first_useful_frame)
             self.args = (f"{self.args[0]}\n\n{FALLBACK_HINT}",) + self.args[1:] if self.args else (FALLBACK_HINT,)
+        return __init__
 
-        failed.__init__ = __init__
-        failed._npu_hint = True
+    _patches.wrap(exc.BackendCompilerFailed, "__init__", hinting, GROUP)
 
 
 def _eager_fallback(backend, name):

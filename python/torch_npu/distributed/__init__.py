@@ -17,18 +17,20 @@ One process per device: with ``NPU_EMU_DEVICES=N`` and ``torchrun
 --nproc-per-node N``, each process calls ``torch.npu.set_device(LOCAL_RANK)``
 (``local_device()`` does it from the environment).
 """
+import functools
 import os
 import sys
+import types
 
 import torch
 import torch.distributed as dist
 
-from .. import _C
+from .. import _C, _patches
 
 BACKEND = "hccl"
 ALIAS = "npu_gloo"   # the descriptive name: Gloo for npu tensors
 
-__all__ = ["ALIAS", "BACKEND", "GlooBackend", "local_device"]
+__all__ = ["ALIAS", "BACKEND", "GlooBackend", "ProcessGroupHCCL", "local_device"]
 
 
 def _creator(name):
@@ -50,29 +52,64 @@ def local_device():
     return torch.device("npu", index)
 
 
+class _BackendOfHCCLGroups(type):
+    # Backends are made by the C++ GlooBackend class: they are this class's instances too.
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, GlooBackend)   # noqa: F821
+
+    def __subclasscheck__(cls, sub):
+        return issubclass(sub, GlooBackend) or type.__subclasscheck__(cls, sub)   # noqa: F821
+
+
+class ProcessGroupHCCL(metaclass=_BackendOfHCCLGroups):
+    """The backend of "hccl" groups in the shape of ``torch.distributed.ProcessGroupNCCL``
+    (transfer_to_npu puts it under that name): ``isinstance(pg._get_backend(device),
+    ProcessGroupHCCL)`` holds, ``ProcessGroupHCCL.Options()`` are accepted (by
+    ``init_process_group``/``new_group`` as ``pg_options``) and
+    ``ProcessGroupHCCL(store, rank, size, options)`` makes the backend.
+
+    The backend has no streams or communicator settings: groups accept Options and
+    keep their own timeout; the constructor takes the timeout from them.
+    """
+
+    if dist.is_available():
+        class Options(dist._Backend.Options):
+            """As ProcessGroupNCCL.Options: the fields are kept, the backend does not use them."""
+
+            def __init__(self, is_high_priority_stream: bool = False):
+                super().__init__(BACKEND)
+                self.is_high_priority_stream = is_high_priority_stream
+                self.config = types.SimpleNamespace()   # takes any NCCL config field
+                self.split_from = None
+                self.split_color = 0
+                self.global_ranks_in_group = []
+                self.group_name = ""
+
+    def __new__(cls, store, rank, size, options=None):
+        timeout = options._timeout if options is not None else dist.default_pg_timeout
+        return _creator(BACKEND)(store, rank, size, timeout)
+
+
 def _default_to_the_npu_backend():
     # A group whose npu tensors go to our backend has it as its default backend,
     # as a CUDA group has NCCL. torch marks Gloo (no backend named: it knows NCCL
     # or Gloo only) or nothing ("cpu:gloo,npu:hccl": it compares the plugin's
     # upper-case key with the lower-case name), and the group then warns at
     # teardown that its default backend does not exist.
-    c10d = dist.distributed_c10d
-    helper = c10d._new_process_group_helper
-    if getattr(helper, "_npu", False):
-        return
+    def marking_the_default(helper):
+        @functools.wraps(helper)
+        def _new_process_group_helper(*args, **kwargs):
+            pg, prefix_store = helper(*args, **kwargs)
+            try:
+                ours = isinstance(pg._get_backend(torch.device("npu")), GlooBackend)  # noqa: F821
+            except (RuntimeError, AttributeError):
+                ours = False
+            if ours:
+                pg._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+            return pg, prefix_store
+        return _new_process_group_helper
 
-    def _new_process_group_helper(*args, **kwargs):
-        pg, prefix_store = helper(*args, **kwargs)
-        try:
-            ours = isinstance(pg._get_backend(torch.device("npu")), GlooBackend)  # noqa: F821
-        except (RuntimeError, AttributeError):
-            ours = False
-        if ours:
-            pg._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
-        return pg, prefix_store
-
-    _new_process_group_helper._npu = True
-    c10d._new_process_group_helper = _new_process_group_helper
+    _patches.wrap(dist.distributed_c10d, "_new_process_group_helper", marking_the_default, "distributed")
 
 
 def _register():

@@ -20,6 +20,10 @@ launch-bound line, strided copy, float64, memory growth, wrong result), how ofte
 it happened, what it cost, the user's source line and what to change.
 ``Doctor(compare=True)`` also runs every npu op on the cpu and reports the ops
 whose results differ.
+
+While a Doctor runs, its wrappers of the host-sync functions (``torch.npu.synchronize``
+and the streams' and events', ``torch.Tensor.__repr__``) are in place through
+:mod:`torch_npu._patches`, in the group ``"doctor"``; it undoes them when it stops.
 """
 import functools
 import sys
@@ -29,6 +33,7 @@ import weakref
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from .. import _patches
 from .. import fallback as _fallback
 from . import _findings, _monitor
 from ._compare import Comparator
@@ -36,6 +41,8 @@ from ._findings import KINDS, Finding
 from ._report import Report, Run
 
 __all__ = ["Doctor", "Finding", "Report", "KINDS"]
+
+GROUP = "doctor"   # the torch_npu._patches group of a Doctor's wrappers
 
 
 class Doctor:
@@ -74,9 +81,14 @@ class Doctor:
         self._comparator = Comparator() if self.compare else None
         self.monitor = _monitor.Monitor(self._comparator)
         self._profiler = None
+        # A Doctor started inside a running one gets a group of its own: stopping it
+        # leaves the outer one's wrappers (under its own) in place.
+        self._group = GROUP if not _patches.applied(GROUP) else f"{GROUP}:{id(self):x}"
         try:
             self._undo.append(_monitor.install_fallback_observer(self.monitor))
             self._watch_steps()
+            group = self._group
+            self._undo.append(lambda: _patches.undo(group))
             self._watch_host_syncs()
             self._profiler = self._start_profiler() if self.profile else None
         except BaseException:
@@ -146,10 +158,9 @@ class Doctor:
         self._undo.append(handle.remove)
 
     def _patch(self, owner, name, wrapper):
+        """``owner.name = wrapper(its value)`` until this Doctor stops; returns that value."""
         original = getattr(owner, name)
-        own = name in vars(owner)   # else inherited: undo by deleting the patch
-        setattr(owner, name, wrapper(original))
-        self._undo.append(lambda: setattr(owner, name, original) if own else delattr(owner, name))
+        _patches.patch(owner, name, wrapper(original), self._group)
         return original
 
     def _watch_host_syncs(self):
@@ -171,9 +182,10 @@ class Doctor:
             return wrap
 
         npu = torch.npu
-        original = self._patch(npu, "synchronize", counted("synchronize"))
-        if getattr(torch.cuda, "synchronize", None) is original:   # transfer_to_npu made it torch.npu's
-            self._patch(torch.cuda, "synchronize", lambda fn: npu.synchronize)
+        self._patch(npu, "synchronize", counted("synchronize"))
+        if torch.cuda.synchronize is not _patches.original(torch.cuda, "synchronize"):
+            # transfer_to_npu made it the npu's (a wrapper): the script's calls are counted too
+            self._patch(torch.cuda, "synchronize", counted("synchronize"))
         self._patch(npu.Stream, "synchronize", counted("synchronize"))
         self._patch(npu.Event, "synchronize", counted("synchronize"))
 

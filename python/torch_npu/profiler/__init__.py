@@ -11,6 +11,10 @@ fallbacks, host waits for the device, and npu memory per op.
 
 ``torch.profiler.profile(activities=[ProfilerActivity.PrivateUse1])`` and
 ``torch.autograd.profiler.profile(use_device="npu")`` are the same profiler.
+
+The changes to PyTorch's profiler classes (the ``npu_*`` aliases of the event
+classes, ``use_device="npu"`` defaulting to Kineto) go through
+:mod:`torch_npu._patches` in the group ``"profiler"``.
 """
 import functools
 import inspect
@@ -27,7 +31,10 @@ from torch.profiler import (  # noqa: F401  (the public names of torch.profiler)
     tensorboard_trace_handler,
 )
 
+from .. import _patches
 from ._analyse import Analysis, analyse  # noqa: F401
+
+GROUP = "profiler"
 
 __all__ = ["profile", "ProfilerActivity", "ProfilerAction", "schedule", "tensorboard_trace_handler",
            "record_function", "supported_activities", "analyse", "Analysis"]
@@ -76,28 +83,26 @@ def _install_aliases():
     for cls in (FunctionEvent, FunctionEventAvg):
         for alias, name in _NPU_ALIASES.items():
             if not hasattr(cls, alias):
-                setattr(cls, alias, property(functools.partial(lambda self, n: getattr(self, n), n=name)))
+                _patches.patch(cls, alias, property(functools.partial(lambda self, n: getattr(self, n), n=name)),
+                               GROUP)
 
 
 def _profile_npu_through_kineto():
     """``torch.autograd.profiler.profile(use_device="npu")`` defaults to Kineto
     (the same device activities as torch.profiler); ``use_kineto=False`` still
     works, timing each op with npu events."""
-    cls = _autograd_profiler.profile
-    if getattr(cls.__init__, "_torch_npu", False):
-        return
-    original = cls.__init__
-    signature = inspect.signature(original)
+    def defaulting_to_kineto(original):
+        signature = inspect.signature(original)
 
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        bound = signature.bind_partial(self, *args, **kwargs)
-        if bound.arguments.get("use_device") == "npu" and "use_kineto" not in bound.arguments:
-            kwargs["use_kineto"] = True
-        original(self, *args, **kwargs)
+        @functools.wraps(original)
+        def __init__(self, *args, **kwargs):
+            bound = signature.bind_partial(self, *args, **kwargs)
+            if bound.arguments.get("use_device") == "npu" and "use_kineto" not in bound.arguments:
+                kwargs["use_kineto"] = True
+            original(self, *args, **kwargs)
+        return __init__
 
-    __init__._torch_npu = True
-    cls.__init__ = __init__
+    _patches.wrap(_autograd_profiler.profile, "__init__", defaulting_to_kineto, GROUP)  # once per process
 
 
 _install_aliases()
