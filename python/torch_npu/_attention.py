@@ -4,7 +4,8 @@ transformers (``integrations/npu_flash_attention.py``) and other libraries call
 it when they see a package named torch_npu. Here it runs the flash attention
 kernel the npu shares with the cpu (``_scaled_dot_product_flash_attention_for_cpu``,
 tiled, no full score matrix), with its autograd, for the Ascend layouts and
-sparse modes those libraries use.
+sparse modes those libraries use. It is an operator, ``torch.ops.npu.npu_fusion_attention``,
+as on Ascend; ``torch_npu.npu_fusion_attention`` calls it.
 """
 import math
 from typing import Optional, Sequence
@@ -97,7 +98,7 @@ def npu_fusion_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
                          actual_seq_qlen: Optional[Sequence[int]] = None,
                          actual_seq_kvlen: Optional[Sequence[int]] = None, sparse_mode: int = 0,
                          gen_mask_parallel: bool = True, sync: bool = False):
-    """Attention with the Ascend adapter's signature and result tuple.
+    """Attention with the Ascend adapter's signature and result tuple: ``torch.ops.npu.npu_fusion_attention``.
 
     ``input_layout``: "BSH", "SBH", "BSND", "BNSD", or "TND" (variable-length
     sequences packed along T, ``actual_seq_qlen``/``actual_seq_kvlen`` their
@@ -114,6 +115,19 @@ def npu_fusion_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     logsumexp, not the row maximum. ``softmax_out`` is empty (reserved on
     Ascend too).
     """
+    return torch.ops.npu.npu_fusion_attention(
+        query, key, value, head_num, input_layout, pse=pse, padding_mask=padding_mask, atten_mask=atten_mask,
+        scale=scale, keep_prob=keep_prob, pre_tockens=pre_tockens, next_tockens=next_tockens,
+        inner_precise=inner_precise, prefix=prefix, actual_seq_qlen=actual_seq_qlen,
+        actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode, gen_mask_parallel=gen_mask_parallel, sync=sync)
+
+
+# The operator's kernel for CompositeImplicitAutograd: autograd differentiates the
+# composition (the flash kernel's own backward), and fake tensors trace through it.
+@torch.library.impl("npu::npu_fusion_attention", "CompositeImplicitAutograd")
+def _composed(query, key, value, head_num, input_layout, pse=None, padding_mask=None, atten_mask=None, scale=1.0,
+              keep_prob=1.0, pre_tockens=_NO_BAND, next_tockens=_NO_BAND, inner_precise=0, prefix=None,
+              actual_seq_qlen=None, actual_seq_kvlen=None, sparse_mode=0, gen_mask_parallel=True, sync=False):
     if input_layout not in _LAYOUTS:
         raise ValueError(f"npu_fusion_attention: input_layout must be one of {_LAYOUTS}, got {input_layout!r}")
     if sparse_mode not in _SPARSE_MODES:

@@ -13,7 +13,8 @@ The answers come from PyTorch's dispatcher, not from a hand-kept list::
     1234
 
 Names may be given as "add", "aten::add", "aten::add.Tensor", "torch.add",
-"Tensor.add_" or "torch.ops.aten.add.Tensor". Without an overload, the op's
+"Tensor.add_" or "torch.ops.aten.add.Tensor", or as the operator itself
+(``torch.ops.aten.add.Tensor``); anything else raises TypeError. Without an overload, the op's
 primary overload answers.
 
 Your own operators join the registry (see ``register``)::
@@ -30,6 +31,8 @@ backend is one of:
 """
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
+
+import torch
 
 from . import _C
 from ._custom_ops import all_custom_ops, custom_op, register
@@ -56,8 +59,22 @@ def _custom_info(op) -> OpInfo:
     return OpInfo(op.qualified_name, best.device, best.priority, backends)
 
 
+def _op_name(name) -> str:
+    """``name`` as text: a string, or an operator object (torch.ops.aten.add.Tensor, torch.ops.aten.add)."""
+    if isinstance(name, str):
+        return name
+    if isinstance(name, torch._ops.OpOverload):
+        return name.name()
+    if isinstance(name, torch._ops.OpOverloadPacket):
+        return name._qualified_op_name
+    raise TypeError(f"torch_npu._ops_registry: the operator name must be a str (e.g. 'add', 'aten::add.Tensor') "
+                    f"or an operator such as torch.ops.aten.add.Tensor, got name={name!r} "
+                    f"({type(name).__name__})")
+
+
 def get(name: str) -> Optional[OpInfo]:
     """How the npu runs ``name``, or None if no such operator exists."""
+    name = _op_name(name)
     op = custom_op(name)
     if op is not None:
         return _custom_info(op)

@@ -636,6 +636,13 @@ TORCH_LIBRARY(npu, m) {
   m.def("npu_rotary_mul_backward(Tensor grad, Tensor self, Tensor r1, Tensor r2, str rotary_mode='half') -> "
         "(Tensor, Tensor, Tensor)");
   m.def("npu_fused_add_matmul(Tensor x, Tensor w) -> Tensor");
+  // The Ascend adapter's fused attention; composed in Python (torch_npu/_attention.py)
+  // for CompositeImplicitAutograd: autograd and fake tensors go through the composition.
+  m.def("npu_fusion_attention(Tensor query, Tensor key, Tensor value, int head_num, str input_layout, "
+        "Tensor? pse=None, Tensor? padding_mask=None, Tensor? atten_mask=None, float scale=1., "
+        "float keep_prob=1., int pre_tockens=2147483647, int next_tockens=2147483647, int inner_precise=0, "
+        "int[]? prefix=None, int[]? actual_seq_qlen=None, int[]? actual_seq_kvlen=None, int sparse_mode=0, "
+        "bool gen_mask_parallel=True, bool sync=False) -> (Tensor, Tensor, Tensor, Tensor, int, int, int)");
   // x @ w + x: one matmul and one in-place add; autograd differentiates through them.
   m.impl("npu_fused_add_matmul", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(fusedAddMatmul));
 }
