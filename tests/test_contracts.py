@@ -279,3 +279,27 @@ def test_npu_tensors_sent_to_another_process_raise_and_nothing_hangs(run_python,
     assert kind == "NpuSharingError" and ".cpu()" in message and "'spawn'" in message
     assert out["producer"] is not None and ".cpu()" in out["producer"]
     assert out["cpu"] == [1.0, 1.0]
+
+
+def test_native_dropout_mask_keeps_the_inputs_layout():
+    x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    out, mask = torch.ops.aten.native_dropout(x.npu(), 0.5, True)
+    cpu_out, cpu_mask = torch.ops.aten.native_dropout(x, 0.5, True)
+    assert mask.stride() == cpu_mask.stride() and out.stride() == cpu_out.stride()
+    torch.testing.assert_close(out.cpu(), x * mask.cpu() * 2)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_native_dropout_of_a_nested_tensor_drops_its_buffer_with_the_npus_draw():
+    nested = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)]).npu()
+
+    def drop(cpu_seed):
+        torch.npu.manual_seed(1)
+        torch.random.default_generator.manual_seed(cpu_seed)
+        out, mask = torch.ops.aten.native_dropout(nested, 0.5, True)
+        return [t.cpu() for t in out.unbind()], [t.cpu() for t in mask.unbind()]
+
+    (out1, mask1), (out2, _) = drop(1), drop(2)
+    assert all(torch.equal(a, b) for a, b in zip(out1, out2))
+    assert [t.shape for t in out1] == [(2, 3), (4, 3)]
+    assert all(torch.equal(o, m.float() * 2) for o, m in zip(out1, mask1))

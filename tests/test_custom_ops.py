@@ -247,3 +247,43 @@ def test_custom_op_fallback_warns_once_in_warn_mode():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert torch.ops.npu.warned_op(torch.ones(2, device="npu")).tolist() == [2.0, 2.0]
+
+
+def test_custom_op_fallback_with_shared_inputs_keeps_autograd_and_compiles():
+    registry.register(name="cpu_only_mul", impl=lambda x, y: x * y, device="cpu")
+    base = torch.arange(8., device="npu", requires_grad=True)
+    out = torch.ops.npu.cpu_only_mul(base[:4], base[4:])   # two views of one storage
+    assert out.requires_grad
+    (out.sum() + torch.ops.npu.cpu_only_mul(base, base).sum()).backward()
+    expected = torch.cat([torch.arange(4., 8.), torch.arange(4.)]) + 2 * torch.arange(8.)
+    assert torch.equal(base.grad.cpu(), expected)
+    torch_npu.NPUFallbackMode.reset_fallback_stats()
+    compiled = torch.compile(lambda a: torch.ops.npu.cpu_only_mul(a, a) + 1, backend="aot_eager", fullgraph=True)
+    x = torch.arange(3., device="npu")
+    assert compiled(x).cpu().tolist() == [1.0, 2.0, 5.0]
+    # Tracing on fake tensors is no fallback: nothing counted (the compiled graph holds the
+    # copies and the cpu implementation's ops; eager calls are counted).
+    assert "npu::cpu_only_mul" not in torch_npu.NPUFallbackMode.get_fallback_stats()
+    torch.ops.npu.cpu_only_mul(x, x)
+    assert torch_npu.NPUFallbackMode.get_fallback_stats()["npu::cpu_only_mul"].count == 1
+
+
+CONCURRENT_FALLBACKS = r"""
+import threading, time, torch, torch_npu
+def slow(x):
+    time.sleep(0.01)          # Python work that needs the GIL
+    return x + 1
+torch_npu._ops_registry.register(name="slow_cpu_op", impl=slow, device="cpu")
+results = []
+def worker():
+    for _ in range(20):
+        results.append(torch.ops.npu.slow_cpu_op(torch.ones(4, device="npu")).sum().item())
+threads = [threading.Thread(target=worker) for _ in range(3)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(len(results), set(results))
+"""
+
+
+def test_custom_op_fallbacks_on_several_threads_never_deadlock(run_python):
+    assert run_python(CONCURRENT_FALLBACKS, timeout=60).stdout.strip().endswith("60 {8.0}")

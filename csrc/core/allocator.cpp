@@ -398,7 +398,8 @@ class NPUCachingAllocator final : public c10::DeviceAllocator {
                                      c10::Device(kNPU, device));
   }
 
-  void emptyCache() {
+  // torch.npu.empty_cache(): every device's unused cached segments go back to it.
+  void releaseCachedMemory() {
     for (c10::DeviceIndex d = 0; d < deviceCount(); ++d) {
       std::unique_lock<std::mutex> lock(mutex_);
       deviceCache(d).releaseCachedSegments(lock);
@@ -442,7 +443,7 @@ class NPUCachingAllocator final : public c10::DeviceAllocator {
   void emptyCache(c10::MempoolId_t pool) override {
     TORCH_CHECK(pool == c10::MempoolId_t(0, 0), "npu empty_cache: memory pools are not supported yet (got pool id (",
                 pool.first, ", ", pool.second, ")); call it without a pool");
-    emptyCache();
+    releaseCachedMemory();
   }
   DeviceStats getDeviceStats(c10::DeviceIndex device) override { return deviceStats(resolveDevice(device)); }
   void resetAccumulatedStats(c10::DeviceIndex device) override { resetAccumulated(resolveDevice(device)); }
@@ -575,7 +576,7 @@ void resizeStorageBytes(c10::StorageImpl* storage, std::size_t new_bytes) {
 }
 
 namespace allocator {
-void emptyCache() { g_allocator->emptyCache(); }
+void emptyCache() { g_allocator->releaseCachedMemory(); }
 std::map<std::string, int64_t> memoryStats(c10::DeviceIndex device) {
   return g_allocator->stats(resolveDevice(device));
 }

@@ -106,6 +106,7 @@ void synchronizeDevice(c10::DeviceIndex index) {
 }
 
 namespace {
+static_assert(static_cast<int>(c10::ScalarType::NumOptions) <= 64, "a ScalarType no longer fits a bit of uint64_t");
 std::atomic<uint64_t> g_native_dtypes{0};  // bit i: ScalarType i
 }  // namespace
 

@@ -45,9 +45,9 @@ struct NPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::Stream exchangeStream(c10::Stream stream) const override { return npu::exchangeStream(stream); }
   c10::DeviceIndex deviceCount() const noexcept override { return npu::deviceCount(); }
 
-  // torch.accelerator.get_device_capability(): the dtypes the npu computes in
-  // (float64 is not among them: it takes the CPU fallback), as XPU leaves out
-  // float64 on devices without it.
+  // torch.accelerator.get_device_capability(): the dtypes the op library's
+  // kernels compute in (complex64 for torch.fft; float64 is not among them: it
+  // takes the CPU fallback), as XPU leaves out float64 on devices without it.
   c10::DeviceCapability getDeviceCapability(c10::Device device) const override {
     checkDevice(resolveDevice(device.index()));
     c10::DeviceCapability capability;

@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 
 #include "device.h"
+#include "stream.h"
 
 namespace npu {
 namespace {
@@ -51,7 +52,7 @@ class PinnedHostAllocator final : public at::HostAllocator {
   // at::HostAllocator: a copy on `stream` reads or writes the block of `ptr`.
   bool record_event(void* ptr, void* /*ctx*/, c10::Stream stream) override {
     if (stream.device_type() != c10::DeviceType::PrivateUse1 || !contains(ptr)) return false;
-    recordUse(ptr, runtime::hal().device(stream.device_index()).stream(stream.id()));
+    recordUse(ptr, npu::runtimeStream(stream));  // validates the device and the stream
     return true;
   }
   // Gives back the blocks whose tensors are gone and whose copies have run.
@@ -105,7 +106,7 @@ class PinnedHostAllocator final : public at::HostAllocator {
     std::lock_guard<std::mutex> lock(mutex_);
     std::size_t n = 0;
     for (auto& [ptr, block] : blocks_) n += block.uses.size();
-    for (auto& [ptr, uses] : deferred_) n += uses.size();
+    for (auto& block : deferred_) n += block.uses.size();
     return n;
   }
 
@@ -116,57 +117,60 @@ class PinnedHostAllocator final : public at::HostAllocator {
   // copies ran, never waited for here (this runs in a tensor's deleter).
   void free(void* ptr) {
     releaseFinished();
+    std::size_t size = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = blocks_.find(static_cast<const char*>(ptr));
       TORCH_INTERNAL_ASSERT(it != blocks_.end(), "pinned host allocator: unknown pointer");
-      Uses uses = std::move(it->second.uses);
+      size = it->second.size;
+      Deferred block{ptr, size, std::move(it->second.uses)};
       stats_.active_requests.decrease(1);
-      stats_.active_bytes.decrease(it->second.size);
-      deferred_size_[ptr] = it->second.size;
+      stats_.active_bytes.decrease(block.size);
       blocks_.erase(it);
-      pruneCompleted(uses);
-      if (!uses.empty()) {
-        deferred_.emplace_back(ptr, std::move(uses));
+      pruneCompleted(block.uses);
+      if (!block.uses.empty()) {
+        deferred_.push_back(std::move(block));
         return;
       }
     }
-    hostFree(ptr);
+    hostFree(ptr, size);
   }
 
-  void hostFree(void* ptr) {
+  void hostFree(void* ptr, std::size_t size) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      auto it = deferred_size_.find(ptr);
       stats_.allocations.decrease(1);
-      stats_.allocated_bytes.decrease(it->second);
+      stats_.allocated_bytes.decrease(size);
       stats_.num_host_free++;
-      deferred_size_.erase(it);
     }
     runtime::hal().hostFree(ptr);
   }
 
   void releaseFinished() {
-    std::vector<void*> finished;
+    std::vector<Deferred> finished;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (auto it = deferred_.begin(); it != deferred_.end();) {
-        pruneCompleted(it->second);
-        if (it->second.empty()) {
-          finished.push_back(it->first);
+        pruneCompleted(it->uses);
+        if (it->uses.empty()) {
+          finished.push_back(std::move(*it));
           it = deferred_.erase(it);
         } else {
           ++it;
         }
       }
     }
-    for (void* ptr : finished) hostFree(ptr);
+    for (const auto& block : finished) hostFree(block.ptr, block.size);
   }
 
   std::mutex mutex_;
   std::map<const char*, PinnedBlock> blocks_;
-  std::vector<std::pair<void*, Uses>> deferred_;  // freed by their tensors, copies still queued
-  std::map<void*, std::size_t> deferred_size_;      // sizes of blocks being released
+  struct Deferred {
+    void* ptr;
+    std::size_t size;
+    Uses uses;
+  };
+  std::vector<Deferred> deferred_;  // freed by their tensors, copies still queued
   at::HostStats stats_;
 };
 

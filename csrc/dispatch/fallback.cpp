@@ -6,6 +6,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <ATen/NestedTensorImpl.h>
 #include <ATen/core/enum_tag.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/empty.h>
@@ -457,7 +458,7 @@ std::string displayName(const c10::OperatorHandle& op) {
 // ---- the fallback ------------------------------------------------------------
 
 void checkFallbackAllowed(const c10::OperatorHandle& op, const torch::jit::Stack& stack, FallbackReason reason,
-                          const DtypeRefusal* refusal) {
+                          const DtypeRefusal* refusal, bool announce) {
   auto& policy = FallbackPolicy::instance();
   const auto& schema = op.schema();
   const std::string& base = schema.name();
@@ -472,6 +473,7 @@ void checkFallbackAllowed(const c10::OperatorHandle& op, const torch::jit::Stack
                 "storage and that cannot cross devices. Call .cpu() on its input first, or remove the op's "
                 "'cpu' policy (NPUFallbackMode.set_op_fallback(op, 'default')).");
   }
+  if (!announce) return;
   if (policy.mode() == FallbackMode::Warn && policy.firstWarning(base)) {
     TORCH_WARN("Operator '", displayName(op), "' is not supported on npu",
                reason == FallbackReason::Dtype ? " for these dtypes" : "", " and runs on the CPU (a slow round trip; "
@@ -555,7 +557,7 @@ c10::Device deviceOfArguments(const c10::OperatorHandle& op, const torch::jit::S
 }
 
 void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, FallbackReason reason,
-                 const DtypeRefusal* refusal, const HostRunner& run_on_host) {
+                 const DtypeRefusal* refusal) {
   auto& policy = FallbackPolicy::instance();
   const auto& schema = op.schema();
   const auto& args = schema.arguments();
@@ -621,11 +623,7 @@ void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, Fallba
     }
   }
 
-  if (run_on_host) {
-    run_on_host(stack);
-  } else {
-    redispatchToCpu(op, c10::DispatchKeySet(c10::DispatchKey::CPU), stack, target.index());
-  }
+  redispatchToCpu(op, c10::DispatchKeySet(c10::DispatchKey::CPU), stack, target.index());
 
   for (auto& w : written) {
     if (w.npu_tensor.sizes() != w.host_tensor.sizes()) w.npu_tensor.resize_(w.host_tensor.sizes());
@@ -668,15 +666,15 @@ void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, Fallba
 
 // ---- random ops without a Generator argument ------------------------------------
 
-namespace {
-
-bool isSeededWithoutGenerator(const c10::OperatorHandle& op) {
+bool isRandomWithoutGeneratorArgument(const c10::OperatorHandle& op) {
   if (!op.hasTag(at::Tag::nondeterministic_seeded)) return false;
   for (const auto& arg : op.schema().arguments()) {
     if (isGeneratorArgument(arg)) return false;
   }
   return true;
 }
+
+namespace {
 
 // The overload of the same op that takes the same arguments plus a Generator
 // (randperm -> randperm.generator, randperm.out -> randperm.generator_out).
@@ -704,6 +702,8 @@ std::optional<c10::OperatorHandle> findGeneratorTwin(const c10::OperatorHandle& 
 }
 
 std::optional<c10::OperatorHandle> generatorTwin(const c10::OperatorHandle& op) {
+  // Only aten's twins are kept: their registrations live as long as the process.
+  if (op.schema().name().rfind("aten::", 0) != 0) return findGeneratorTwin(op);
   static std::mutex mutex;
   static std::unordered_map<c10::OperatorName, std::optional<c10::OperatorHandle>> twins;  // looked up once per op
   std::lock_guard<std::mutex> lock(mutex);
@@ -712,19 +712,33 @@ std::optional<c10::OperatorHandle> generatorTwin(const c10::OperatorHandle& op) 
   return it->second;
 }
 
-// native_dropout's CPU kernel with an explicit generator: a bool mask drawn by
-// bernoulli_(1 - p), the output input * mask * (1 / (1 - p)), the same
-// computation as ATen's (tests/test_random.py compares it on the cpu).
+// native_dropout's CPU kernel with an explicit generator: a bool mask (in the
+// input's layout) drawn by bernoulli_(1 - p), the output input * mask *
+// (1 / (1 - p)), the same computation as ATen's (tests/test_contracts.py and
+// tests/test_random.py compare them on the cpu). A nested input drops out its
+// buffer, as ATen's nested kernel does.
+std::pair<at::Tensor, at::Tensor> dropoutWithDraw(const at::Tensor& input, double p, const at::Generator& draw) {
+  if (input.is_nested()) {
+    const auto* nested = at::native::get_nested_tensor_impl(input);
+    auto [output, mask] = dropoutWithDraw(nested->get_unsafe_storage_as_tensor(), p, draw);
+    auto wrap = [&](const at::Tensor& buffer) {
+      return at::detail::make_tensor<at::native::NestedTensorImpl>(
+          buffer, nested->get_nested_sizes().clone(), nested->get_nested_strides().clone(),
+          nested->get_storage_offsets().clone());
+    };
+    return {wrap(output), wrap(mask)};
+  }
+  const double keep = 1. - p;
+  const double scale = keep == 0 ? 0. : 1. / keep;
+  at::Tensor mask = at::empty_like(input, input.options().dtype(c10::kBool));
+  mask.bernoulli_(keep, draw);
+  return {input.mul(mask).mul_(scale), mask};
+}
+
 void nativeDropoutWithDraw(const c10::OperatorHandle& op, torch::jit::Stack* stack, const at::Generator& draw) {
   const size_t n = op.schema().arguments().size();
   const size_t begin = stack->size() - n;
-  const at::Tensor input = (*stack)[begin].toTensor();
-  const double p = (*stack)[begin + 1].toDouble();
-  const double keep = 1. - p;
-  const double scale = keep == 0 ? 0. : 1. / keep;
-  at::Tensor mask = at::empty_like(input, input.options().dtype(c10::kBool), c10::MemoryFormat::Contiguous);
-  mask.bernoulli_(keep, draw);
-  at::Tensor output = input.mul(mask).mul_(scale);
+  auto [output, mask] = dropoutWithDraw((*stack)[begin].toTensor(), (*stack)[begin + 1].toDouble(), draw);
   if (n == 5) {  // native_dropout.out(input, p, train, *, out0, out1)
     at::Tensor out0 = (*stack)[begin + 3].toTensor();
     at::Tensor out1 = (*stack)[begin + 4].toTensor();
@@ -752,7 +766,7 @@ bool nativeDropoutDraws(const c10::OperatorHandle& op, const torch::jit::Stack& 
 
 void redispatchToCpu(const c10::OperatorHandle& op, c10::DispatchKeySet cpu_keys, torch::jit::Stack* stack,
                      c10::DeviceIndex device) {
-  if (C10_LIKELY(!isSeededWithoutGenerator(op))) {
+  if (C10_LIKELY(!isRandomWithoutGeneratorArgument(op))) {
     op.redispatchBoxed(cpu_keys, stack);
     return;
   }
@@ -788,7 +802,7 @@ std::vector<std::string> randomOpsGivenTheNpuDraw() {
   std::vector<std::string> names;
   for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
     auto op = c10::Dispatcher::singleton().findSchema(name);
-    if (!op || !isSeededWithoutGenerator(*op)) continue;
+    if (!op || !isRandomWithoutGeneratorArgument(*op)) continue;
     if (isNativeDropout(*op) || generatorTwin(*op)) names.push_back(displayName(*op));
   }
   std::sort(names.begin(), names.end());

@@ -100,17 +100,11 @@ struct DtypeRefusal {
   std::string supported;  // "Float, Half, BFloat16, Byte, ..."
 };
 
-// The CPU side of a fallback: replaces the op's arguments on the stack (host
-// tensors by then) with its results.
-using HostRunner = std::function<void(torch::jit::Stack*)>;
-
 // Runs `op` on the CPU with the stack's npu tensors copied to the host, per the
 // mode and policies. Raises for mode "error" or an op policy "npu". The op runs
 // in stream order: it holds the current stream of its device (core/stream.h).
-// `run_on_host` does the CPU work: by default the op's CPU kernel
-// (redispatchToCpu); for a custom operator, its cpu implementation.
 void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, FallbackReason reason,
-                 const DtypeRefusal* refusal = nullptr, const HostRunner& run_on_host = nullptr);
+                 const DtypeRefusal* refusal = nullptr);
 // "no_kernel", "dtype", "policy", "kernel_error" -> the reason; throws
 // std::invalid_argument for anything else.
 FallbackReason parseFallbackReason(const std::string& name);
@@ -128,12 +122,18 @@ void redispatchToCpu(const c10::OperatorHandle& op, c10::DispatchKeySet cpu_keys
 // npu's draw ("aten::native_dropout", ...), for the test that every random op
 // PyTorch has is covered.
 std::vector<std::string> randomOpsGivenTheNpuDraw();
+// Whether `op` is random (tagged nondeterministic_seeded) without a Generator
+// argument: its CPU kernel must run through redispatchToCpu, at launch.
+bool isRandomWithoutGeneratorArgument(const c10::OperatorHandle& op);
 
 // The checks cpuFallback() makes before it runs `op` on the CPU: raises for
-// mode "error" or an op policy "npu"; warns (mode "warn") and logs. For
-// kernels that fall back by hand (convolution has no CPU kernel of its own name).
+// mode "error" or an op policy "npu"; with `announce`, warns (mode "warn") and
+// logs. For kernels that fall back by hand: convolution (no CPU kernel of its
+// own name) and custom operators, whose cpu implementations run above autograd
+// (they copy differentiably in Python, then record()); announce is false
+// while they are traced on fake tensors.
 void checkFallbackAllowed(const c10::OperatorHandle& op, const torch::jit::Stack& stack, FallbackReason reason,
-                          const DtypeRefusal* refusal = nullptr);
+                          const DtypeRefusal* refusal = nullptr, bool announce = true);
 
 // "auto", "warn", "error" in any case, with spaces around: the one parser of
 // NPU_FALLBACK_MODE and set_fallback_mode(). Throws std::invalid_argument.

@@ -145,7 +145,10 @@ const NativeKernel::Traits& NativeKernel::traits(const c10::OperatorHandle& op) 
     // addbmm_ may resize self (it is addbmm.out with self as out): a queued kernel
     // cannot, the host path can (HostExecution::syncBack).
     const bool may_resize_self = schema.name() == "aten::addbmm_";
-    traits_.in_place = writes && !has_out && returns_only_written_args && !traits_.is_view && !may_resize_self;
+    // A random op without a Generator argument is given its draw by
+    // dispatch::redispatchToCpu at launch: it runs on the host, never queued.
+    traits_.in_place = writes && !has_out && returns_only_written_args && !traits_.is_view && !may_resize_self &&
+                       !dispatch::isRandomWithoutGeneratorArgument(op);
   });
   return traits_;
 }

@@ -145,6 +145,14 @@ npu::dispatch::OpPolicy parsePolicy(const std::string& policy) {
                         "'npu' (never fall back) or 'default'");
 }
 
+npu::dispatch::FallbackReason parseReason(const std::string& reason) {
+  try {
+    return npu::dispatch::parseFallbackReason(reason);
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(e.what());
+  }
+}
+
 const char* policyName(npu::dispatch::OpPolicy policy) {
   switch (policy) {
     case npu::dispatch::OpPolicy::Cpu: return "cpu";
@@ -157,41 +165,14 @@ py::tuple packResolution(const npu::dispatch::OpResolution& r) {
   return py::make_tuple(r.name, r.backend, r.priority, r.backends);
 }
 
-// torch_npu._C._custom_op_fallback: see bindDispatch.
-py::object customOpFallback(const std::string& name, const std::string& reason, const std::string& refused,
-                            const std::string& supported, py::function run_on_cpu, py::args args, py::kwargs kwargs) {
+// torch_npu._C._check_custom_op_fallback: see bindDispatch.
+void checkCustomOpFallback(const std::string& name, const std::string& reason, const std::string& refused,
+                           const std::string& supported, bool announce, py::args args, py::kwargs kwargs) {
   const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), "");
-  torch::jit::Stack stack = torch::jit::createStackForSchema(op.schema(), args, kwargs, std::nullopt);
+  const torch::jit::Stack stack = torch::jit::createStackForSchema(op.schema(), args, kwargs, std::nullopt);
   const npu::dispatch::DtypeRefusal refusal{refused, supported};
-  npu::dispatch::FallbackReason parsed;
-  try {
-    parsed = npu::dispatch::parseFallbackReason(reason);
-  } catch (const std::invalid_argument& e) {
-    throw py::value_error(e.what());
-  }
-  npu::dispatch::cpuFallback(op, &stack, parsed, refused.empty() ? nullptr : &refusal, [&](torch::jit::Stack* host) {
-    const auto& schema = op.schema();
-    const size_t n = schema.arguments().size();
-    py::list positional;
-    py::dict keywords;
-    for (size_t i = 0; i < n; ++i) {
-      const auto& arg = schema.arguments()[i];
-      py::object value = torch::jit::toPyObject((*host)[host->size() - n + i]);
-      if (arg.kwarg_only()) keywords[py::str(arg.name())] = value;
-      else positional.append(value);
-    }
-    py::object result = run_on_cpu(*positional, **keywords);
-    torch::jit::drop(*host, n);
-    if (schema.returns().size() == 1) {
-      host->push_back(torch::jit::toIValue(result, schema.returns()[0].type()));
-      return;
-    }
-    auto items = result.cast<py::sequence>();
-    for (size_t r = 0; r < schema.returns().size(); ++r) {
-      host->push_back(torch::jit::toIValue(items[r], schema.returns()[r].type()));
-    }
-  });
-  return torch::jit::createPyObjectForStack(std::move(stack));
+  npu::dispatch::checkFallbackAllowed(op, stack, parseReason(reason), refused.empty() ? nullptr : &refusal,
+                                      announce);
 }
 
 void bindDispatch(py::module_& m) {
@@ -207,6 +188,7 @@ void bindDispatch(py::module_& m) {
     FallbackPolicy::instance().setOpPolicy(npu::dispatch::existingOpName(op), parsed);
   });
   m.def("_op_fallback", [](const std::string& op) {
+    if (!FallbackPolicy::instance().hasOpPolicies()) return policyName(npu::dispatch::OpPolicy::Default);
     return policyName(FallbackPolicy::instance().opPolicy(npu::dispatch::canonicalOpName(op).first));
   });
   m.def("_op_fallbacks", [] {
@@ -233,9 +215,14 @@ void bindDispatch(py::module_& m) {
   });
   m.def("_reset_fallback_stats", [] { FallbackPolicy::instance().resetStats(); });
   // A custom operator's cpu implementation serving npu inputs: the aten ops'
-  // fallback (mode, policy, warning, logger, statistics, copies), with the
-  // Python implementation as its CPU work. Its warning becomes a Python warning.
-  m.def("_custom_op_fallback", torch::wrap_pybind_function(customOpFallback));
+  // decisions (mode, op policy, warning, logger; its warning becomes a Python
+  // warning), then its statistics. The copies are made in Python, above
+  // autograd, where the implementation runs.
+  m.def("_check_custom_op_fallback", torch::wrap_pybind_function(checkCustomOpFallback));
+  m.def("_record_fallback", [](const std::string& op, const std::string& reason, int64_t ns, int64_t to_cpu,
+                               int64_t to_npu) {
+    FallbackPolicy::instance().record(op, parseReason(reason), ns, to_cpu, to_npu);
+  });
   m.def("_set_fallback_logger", [](py::object logger) {
     if (logger.is_none()) {
       FallbackPolicy::instance().setLogger(nullptr);

@@ -6,9 +6,9 @@ implementation; several implementations may share a name. The operator's one
 kernel picks, at each call, the implementation of the inputs' device with the
 highest priority whose dtype set accepts the inputs. For npu inputs that no
 npu implementation accepts (or when the op's fallback policy is "cpu"), a
-``device="cpu"`` implementation runs on cpu copies through the C++ fallback of
-aten ops: the same mode, op policies ("npu" forbids it), warning, logger and
-statistics. Without one the call raises "not supported", naming the dtypes and
+``device="cpu"`` implementation runs on cpu copies, decided and counted by the
+C++ fallback of aten ops: the same mode, op policies ("npu" forbids it),
+warning, logger and statistics. Without one the call raises "not supported", naming the dtypes and
 the implementations.
 
 The kernel is registered for CompositeImplicitAutograd: autograd flows through
@@ -17,11 +17,13 @@ traces through it on fake tensors, and torch.jit records the operator by name.
 """
 import inspect
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
-from torch.utils._pytree import tree_flatten
+from torch._subclasses.fake_tensor import is_fake
+from torch.utils._pytree import tree_flatten, tree_map
 
 from . import _C
 
@@ -202,9 +204,11 @@ def _dtype_names(dtypes) -> str:
     return ", ".join(sorted(str(d).replace("torch.", "") for d in dtypes))
 
 
-def _fall_back(op: CustomOp, cpu_impl: Implementation, args, kwargs, dtypes, policy: str):
-    """Runs ``cpu_impl`` for npu inputs through the fallback of aten ops (C++): its mode,
-    op policies, warning, logger (the doctor's observers) and statistics, and its copies."""
+def _fall_back(op: CustomOp, cpu_impl: Implementation, args, kwargs, dtypes, policy: str, target: torch.device):
+    """Runs ``cpu_impl`` for npu inputs as a fallback of aten ops is run: the C++ fallback
+    decides (mode, op policy, warning, logger: the doctor's observers) and counts it. The
+    copies are made here, per tensor, so autograd and fake tensors see them (the op runs
+    above autograd, unlike aten's fallback)."""
     npu_impls = [i for i in op.implementations if i.device == "npu"]
     if policy == "cpu":
         reason, refused, supported = "policy", "", ""
@@ -213,8 +217,31 @@ def _fall_back(op: CustomOp, cpu_impl: Implementation, args, kwargs, dtypes, pol
         supported = "; ".join(i.describe() for i in npu_impls)
     else:
         reason, refused, supported = "no_kernel", "", ""
-    return _C._custom_op_fallback(op.qualified_name, reason, refused, supported,
-                                  lambda *a, **k: _run(cpu_impl, a, k), *args, **kwargs)
+    # Traced on fake tensors (torch.compile, export), nothing runs: check, but do not announce or
+    # count. The compiled graph then holds the copies and the cpu implementation's ops.
+    tracing = any(is_fake(t) for t in _tensors((args, kwargs)))
+    _C._check_custom_op_fallback(op.qualified_name, reason, refused, supported, not tracing, *args, **kwargs)
+    start = time.perf_counter_ns()
+    moved = {"to_cpu": 0, "to_npu": 0}
+
+    def to_cpu(t):
+        if isinstance(t, torch.Tensor) and t.device.type == "npu":
+            moved["to_cpu"] += t.numel() * t.element_size()
+            return t.cpu()
+        return t
+
+    def to_npu(t):
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+            moved["to_npu"] += t.numel() * t.element_size()
+            return t.to(target)
+        return t
+
+    full_args, full_kwargs = op.complete(args, kwargs)
+    result = tree_map(to_npu, _run(cpu_impl, tree_map(to_cpu, full_args), tree_map(to_cpu, full_kwargs)))
+    if not tracing:
+        _C._record_fallback(op.qualified_name, reason, time.perf_counter_ns() - start, moved["to_cpu"],
+                            moved["to_npu"])
+    return result
 
 
 def _kernel_for(op: CustomOp):
@@ -237,7 +264,8 @@ def _kernel_for(op: CustomOp):
             raise _not_supported(op, "npu", dtypes, "no npu implementation accepts them and no cpu one does",
                                  "To run it, " + _register_hint(op, "npu")
                                  + " A device='cpu' one would serve as the fallback.")
-        return _fall_back(op, fallback, args, kwargs, dtypes, policy)
+        target = next(t.device for t in tensors if t.device.type == "npu")
+        return _fall_back(op, fallback, args, kwargs, dtypes, policy, target)
 
     kernel.__name__ = f"npu_{op.name}"
     return kernel
