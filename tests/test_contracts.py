@@ -1,7 +1,6 @@
 """PyTorch's device-generic contracts, as the npu keeps them.
 
-torch.accelerator's memory API and capabilities, torch.npu.init() and fork,
-validation of every way a device or a stream reaches the npu, the op registry's
+torch.accelerator's memory API and capabilities, validation of every way a device or a stream reaches the npu, the op registry's
 arguments, npu_fusion_attention as an operator, native_dropout's computation,
 and npu tensors sent to another process. Each test was written against a
 defect seen on an earlier main.
@@ -73,39 +72,6 @@ def test_device_capability_lists_the_dtypes_the_npu_computes_in():
     assert {torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool, torch.complex64} <= supported
     assert torch.float64 not in supported and torch.complex128 not in supported  # they take the cpu fallback
     assert torch.accelerator.get_device_capability(torch.device("npu", 0)) == {"supported_dtypes": supported}
-
-
-# ---- torch.npu.init() and fork ------------------------------------------------------
-
-FORK_AFTER_INIT = r"""
-import json, os, torch
-before = torch.npu.is_initialized()
-torch.npu.init()                      # no tensor yet: init() alone starts the runtime
-r, w = os.pipe()
-pid = os.fork()
-if pid == 0:
-    out = {"initialized": torch.npu.is_initialized()}
-    try:
-        torch.ones(3, device="npu")
-        out["error"] = None
-    except RuntimeError as e:
-        out["error"] = str(e)
-    os.write(w, json.dumps(out).encode())
-    os._exit(0)
-os.close(w)
-os.waitpid(pid, 0)
-child = json.loads(os.read(r, 1 << 16).decode())
-child.update(before=before, after=torch.npu.is_initialized(), flag=torch.npu._initialized)
-print(json.dumps(child))
-"""
-
-
-def test_a_child_forked_after_init_raises_as_cuda_words_it(run_python):
-    out = json.loads(last_line(run_python(FORK_AFTER_INIT)))
-    assert out["before"] is False and out["after"] is True and out["flag"] is True
-    assert out["initialized"] is False
-    assert out["error"].startswith("Cannot re-initialize NPU in forked subprocess. To use NPU with "
-                                   "multiprocessing, you must use the 'spawn' start method"), out["error"]
 
 
 # ---- devices and streams are validated wherever they come in ---------------------------

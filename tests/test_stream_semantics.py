@@ -389,11 +389,12 @@ def test_npu_generator_deepcopies_and_pickles():
 
 FORK = r"""
 import json, os, torch
-torch.ones(3, device="npu").sum().item()       # the parent uses the npu
+before = torch.npu.is_initialized()
+START                                           # the parent starts the npu
 r, w = os.pipe()
 pid = os.fork()
 if pid == 0:
-    out = {"bad_fork": torch.npu._is_in_bad_fork()}
+    out = {"bad_fork": torch.npu._is_in_bad_fork(), "initialized": torch.npu.is_initialized()}
     try:
         torch.ones(3, device="npu")
         out["error"] = None
@@ -405,15 +406,20 @@ os.close(w)
 _, status = os.waitpid(pid, 0)
 child = json.loads(os.read(r, 1 << 16).decode())
 child["parent_bad_fork"] = torch.npu._is_in_bad_fork()
+child["parent_initialized"] = [before, torch.npu.is_initialized(), torch.npu._initialized]
 child["parent_works"] = torch.ones(2, device="npu").sum().item()
 print(json.dumps(child))
 """
 
 
-def test_a_forked_child_gets_a_clear_error_naming_spawn(run_python):
-    out = child_json(run_python, FORK)
-    assert out["bad_fork"] is True and out["parent_bad_fork"] is False
-    assert out["error"] and "spawn" in out["error"] and "forked" in out["error"]
+# torch.npu.init() alone starts the runtime, as torch.cuda.init() does.
+@pytest.mark.parametrize("start", ['torch.ones(3, device="npu").sum().item()', "torch.npu.init()"])
+def test_a_forked_child_gets_cudas_error_naming_spawn(run_python, start):
+    out = child_json(run_python, FORK.replace("START", start))
+    assert out["bad_fork"] is True and out["initialized"] is False and out["parent_bad_fork"] is False
+    assert out["parent_initialized"] == [False, True, True]
+    assert out["error"].startswith("Cannot re-initialize NPU in forked subprocess. To use NPU with "
+                                   "multiprocessing, you must use the 'spawn' start method"), out["error"]
     assert out["parent_works"] == 2.0
 
 
