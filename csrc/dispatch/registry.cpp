@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "fallback.h"
+#include "op_names.h"
 
 namespace npu::dispatch {
 namespace {

@@ -12,6 +12,8 @@
 #include <initializer_list>
 
 #include "../dispatch/fallback.h"
+#include "../dispatch/arguments.h"
+#include "../dispatch/op_names.h"
 #include "host_execution.h"
 #include "native_kernel.h"
 

@@ -5,6 +5,7 @@
 #include <ATen/native/TypeProperties.h>
 #include <c10/core/DeviceGuard.h>
 
+#include <algorithm>
 #include <set>
 #include <sstream>
 
@@ -12,6 +13,8 @@
 #include "../core/generator.h"
 #include "../core/launch.h"
 #include "../dispatch/fallback.h"
+#include "../dispatch/arguments.h"
+#include "../dispatch/cpu_kernel.h"
 #include "host_execution.h"
 
 namespace npu::ops {
@@ -20,21 +23,38 @@ using dispatch::FallbackPolicy;
 using dispatch::FallbackReason;
 using dispatch::OpPolicy;
 
-DtypeSet floatingTypes() { return {c10::kFloat, c10::kHalf, c10::kBFloat16}; }
+DtypeSet floatingTypes() { return {kFloatingTypes[0], kFloatingTypes[1], kFloatingTypes[2]}; }
 DtypeSet integralTypes() {
   return {c10::kByte, c10::kChar, c10::kShort, c10::kInt, c10::kLong, c10::kBool,
           c10::kUInt16, c10::kUInt32, c10::kUInt64};
 }
 
-std::string DtypeSet::toString() const {
-  std::ostringstream out;
-  bool first = true;
+std::vector<c10::ScalarType> DtypeSet::types() const {
+  std::vector<c10::ScalarType> out;
+  for (auto type : kFloatingTypes) {
+    if (contains(type)) out.push_back(type);
+  }
   for (int i = 0; i < static_cast<int>(c10::ScalarType::NumOptions); ++i) {
-    if (bits_ & (uint64_t(1) << i)) {
-      out << (first ? "" : ", ") << static_cast<c10::ScalarType>(i);
-      first = false;
+    const auto type = static_cast<c10::ScalarType>(i);
+    if (contains(type) && std::find(kFloatingTypes.begin(), kFloatingTypes.end(), type) == kFloatingTypes.end()) {
+      out.push_back(type);
     }
   }
+  return out;
+}
+
+std::string DtypeSet::pythonNames() const {
+  const auto members = types();
+  std::string out;
+  for (size_t i = 0; i < members.size(); ++i) {
+    out += (i == 0 ? "" : i + 1 == members.size() ? " or " : ", ") + std::string(c10::getDtypeNames(members[i]).first);
+  }
+  return out;
+}
+
+std::string DtypeSet::toString() const {
+  std::ostringstream out;
+  for (auto type : types()) out << (out.tellp() > 0 ? ", " : "") << type;
   return out.str();
 }
 
@@ -71,23 +91,8 @@ bool metadataAccepted(const c10::OperatorHandle& op, const std::vector<c10::IVal
   torch::jit::Stack meta;
   meta.reserve(cpu_args.size());
   for (const auto& v : cpu_args) {
-    if (v.isTensor()) {
-      meta.emplace_back(metaLike(v.toTensor()));
-    } else if (v.isTensorList()) {
-      c10::List<at::Tensor> list;
-      for (const at::Tensor& t : v.toTensorVector()) list.push_back(metaLike(t));
-      meta.emplace_back(std::move(list));
-    } else if (v.isOptionalTensorList()) {
-      c10::List<std::optional<at::Tensor>> list;
-      for (const auto& t : v.toOptionalTensorVector()) {
-        list.push_back(t.has_value() ? std::optional<at::Tensor>(metaLike(*t)) : std::nullopt);
-      }
-      meta.emplace_back(std::move(list));
-    } else if (v.isGenerator()) {
-      return true;  // a random op: nothing the meta kernel could tell
-    } else {
-      meta.push_back(v);
-    }
+    if (v.isGenerator()) return true;  // a random op: nothing the meta kernel could tell
+    meta.push_back(dispatch::mapTensors(v, [](const at::Tensor& t, bool) { return metaLike(t); }));
   }
   try {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
@@ -202,10 +207,7 @@ std::optional<c10::ScalarType> NativeKernel::refusedDtype(const c10::OperatorHan
 }
 
 std::string NativeKernel::supportedDtypes() const {
-  std::string floating;
-  for (auto type : {c10::kFloat, c10::kHalf, c10::kBFloat16}) {
-    if (dtypes_.contains(type)) floating += (floating.empty() ? "" : ", ") + std::string(c10::toString(type));
-  }
+  const std::string floating = (dtypes_ & floatingTypes()).toString();
   return floating.empty() ? "the integer and bool types only" : floating + " and the integer and bool types";
 }
 
@@ -266,24 +268,10 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
   };
   for (size_t i = begin; i < stack->size(); ++i) {
     const c10::IValue& v = (*stack)[i];
-    const auto& arg = schema.arguments()[i - begin];
-    if (v.isTensor()) {
-      args.emplace_back(alias_of(v.toTensor()));
-    } else if (v.isTensorList()) {
-      c10::List<at::Tensor> list;
-      list.reserve(v.toTensorList().size());
-      for (const at::Tensor& t : v.toTensorVector()) list.push_back(alias_of(t));
-      args.emplace_back(std::move(list));
-    } else if (v.isOptionalTensorList()) {
-      c10::List<std::optional<at::Tensor>> list;
-      for (const auto& t : v.toOptionalTensorVector()) {
-        list.push_back(t.has_value() ? std::optional<at::Tensor>(alias_of(*t)) : std::nullopt);
-      }
-      args.emplace_back(std::move(list));
-    } else if (isGeneratorValue(v, arg)) {
+    if (isGeneratorValue(v, schema.arguments()[i - begin])) {
       args.emplace_back(drawOf(v, device));
     } else {
-      args.push_back(v);
+      args.push_back(dispatch::mapTensors(v, [&](const at::Tensor& t, bool) { return alias_of(t); }));
     }
   }
 
@@ -329,27 +317,15 @@ void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* s
     c10::IValue& v = (*stack)[i];
     const auto& arg = schema.arguments()[i - begin];
     const bool writes = arg.alias_info() != nullptr && arg.alias_info()->isWrite();
-    if (v.isTensor()) {
-      const at::Tensor t = v.toTensor();
-      if (writes) written.push_back(t);
-      v = exec.alias(t);
-    } else if (v.isTensorList()) {
-      c10::List<at::Tensor> list;
-      for (const at::Tensor& t : v.toTensorVector()) {
-        if (writes) written.push_back(t);
-        list.push_back(exec.alias(t));
-      }
-      v = std::move(list);
-    } else if (v.isOptionalTensorList()) {
-      c10::List<std::optional<at::Tensor>> list;
-      for (const auto& t : v.toOptionalTensorVector()) {
-        list.push_back(t.has_value() ? std::optional<at::Tensor>(exec.alias(*t)) : std::nullopt);
-      }
-      v = std::move(list);
-    } else if (v.isDevice() && v.toDevice().type() == kNPU) {
+    if (v.isDevice() && v.toDevice().type() == kNPU) {
       v = c10::Device(c10::kCPU);
     } else if (isGeneratorValue(v, arg)) {
       v = drawOf(v, device);
+    } else {
+      v = dispatch::mapTensors(v, [&](const at::Tensor& t, bool in_optional_list) {
+        if (writes && !in_optional_list) written.push_back(t);
+        return exec.alias(t);
+      });
     }
   }
 
@@ -358,14 +334,7 @@ void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* s
   for (const auto& t : written) exec.syncBack(t);
   const size_t returns = schema.returns().size();
   for (size_t i = stack->size() - returns; i < stack->size(); ++i) {
-    c10::IValue& v = (*stack)[i];
-    if (v.isTensor()) {
-      v = exec.toNpu(v.toTensor());
-    } else if (v.isTensorList()) {
-      c10::List<at::Tensor> list;
-      for (const at::Tensor& t : v.toTensorVector()) list.push_back(exec.toNpu(t));
-      v = std::move(list);
-    }
+    (*stack)[i] = dispatch::mapTensors((*stack)[i], [&](const at::Tensor& t, bool) { return exec.toNpu(t); });
   }
 }
 

@@ -10,6 +10,8 @@
 #include <ATen/core/stack.h>
 #include <c10/core/ScalarType.h>
 
+#include "dtypes.h"
+
 #include <atomic>
 #include <cstdint>
 #include <initializer_list>
@@ -18,31 +20,6 @@
 #include <string>
 
 namespace npu::ops {
-
-// A set of ScalarTypes, as a bit mask.
-class DtypeSet {
- public:
-  constexpr DtypeSet() = default;
-  DtypeSet(std::initializer_list<c10::ScalarType> types) {
-    for (auto t : types) bits_ |= bit(t);
-  }
-  bool contains(c10::ScalarType t) const { return (bits_ & bit(t)) != 0; }
-  DtypeSet operator|(DtypeSet other) const {
-    DtypeSet out;
-    out.bits_ = bits_ | other.bits_;
-    return out;
-  }
-  std::string toString() const;
-
- private:
-  static uint64_t bit(c10::ScalarType t) { return uint64_t(1) << static_cast<int>(t); }
-  uint64_t bits_ = 0;
-};
-
-// float32, float16, bfloat16 (no float64, no complex).
-DtypeSet floatingTypes();
-// The integer types and bool.
-DtypeSet integralTypes();
 
 class NativeKernel final : public c10::OperatorKernel {
  public:

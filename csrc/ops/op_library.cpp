@@ -14,6 +14,7 @@
 
 #include "../core/device.h"
 #include "../dispatch/fallback.h"
+#include "../dispatch/arguments.h"
 #include "native_kernel.h"
 
 namespace npu::ops {

@@ -15,6 +15,8 @@
 #include <ATen/ops/sum.h>
 #include <torch/library.h>
 
+#include "dtypes.h"
+
 #include <cmath>
 #include <functional>
 #include <initializer_list>
@@ -102,9 +104,6 @@ void checkBackward(const char* op, std::initializer_list<std::reference_wrapper<
               first.scalar_type(), ", got ", workspace.sizes(), " ", workspace.scalar_type());
 }
 
-#define NPU_DISPATCH_RNN_TYPES(type, name, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, type, name, __VA_ARGS__)
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lstmCell(const at::Tensor& input_gates, const at::Tensor& hidden_gates,
                                                         const at::Tensor& cx,
                                                         const std::optional<at::Tensor>& input_bias,
@@ -122,7 +121,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstmCell(const at::Tensor& input_
   at::Tensor hy = at::empty({batch, hidden}, c.options());
   at::Tensor cy = at::empty({batch, hidden}, c.options());
   at::Tensor workspace = at::empty({batch, 4 * hidden}, c.options());
-  NPU_DISPATCH_RNN_TYPES(c.scalar_type(), "_thnn_fused_lstm_cell", [&] {
+  NPU_DISPATCH_FLOATING_TYPES(c.scalar_type(), "_thnn_fused_lstm_cell", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const Rows<scalar_t> in(ig), hid(hg), state(c), bi(ib), bh(hb);
     scalar_t* hy_p = hy.mutable_data_ptr<scalar_t>();
@@ -175,7 +174,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstmCellBackward(const std::optio
   const int64_t hidden = c.size(1);
   at::Tensor grad_gates = at::empty({batch, 4 * hidden}, c.options());
   at::Tensor grad_cx = at::empty({batch, hidden}, c.options());
-  NPU_DISPATCH_RNN_TYPES(c.scalar_type(), "_thnn_fused_lstm_cell_backward_impl", [&] {
+  NPU_DISPATCH_FLOATING_TYPES(c.scalar_type(), "_thnn_fused_lstm_cell_backward_impl", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const Rows<scalar_t> go(ghy), goc(gcy), state(c), state_new(c_new), gates(ws);
     scalar_t* gg = grad_gates.mutable_data_ptr<scalar_t>();
@@ -216,7 +215,7 @@ std::tuple<at::Tensor, at::Tensor> gruCell(const at::Tensor& input_gates, const 
   const int64_t hidden = h.size(1);
   at::Tensor hy = at::empty({batch, hidden}, h.options());
   at::Tensor workspace = at::empty({batch, 5 * hidden}, h.options());
-  NPU_DISPATCH_RNN_TYPES(h.scalar_type(), "_thnn_fused_gru_cell", [&] {
+  NPU_DISPATCH_FLOATING_TYPES(h.scalar_type(), "_thnn_fused_gru_cell", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const Rows<scalar_t> in(ig), hid(hg), state(h), bi(ib), bh(hb);
     scalar_t* hy_p = hy.mutable_data_ptr<scalar_t>();
@@ -259,7 +258,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gruCellBa
   at::Tensor grad_input = at::empty({batch, 3 * hidden}, go_t.options());
   at::Tensor grad_hidden = at::empty({batch, 3 * hidden}, go_t.options());
   at::Tensor grad_hx = at::empty({batch, hidden}, go_t.options());
-  NPU_DISPATCH_RNN_TYPES(go_t.scalar_type(), "_thnn_fused_gru_cell_backward", [&] {
+  NPU_DISPATCH_FLOATING_TYPES(go_t.scalar_type(), "_thnn_fused_gru_cell_backward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const Rows<scalar_t> go(go_t), saved(ws);
     scalar_t* gi = grad_input.mutable_data_ptr<scalar_t>();

@@ -16,6 +16,8 @@
 #include "../core/launch.h"
 #include "../core/stream.h"
 #include "../dispatch/fallback.h"
+#include "../dispatch/cpu_kernel.h"
+#include "../dispatch/op_names.h"
 #include "../distributed/gloo_backend.h"
 #include "../dispatch/registry.h"
 #include "../ops/host_execution.h"
@@ -251,6 +253,12 @@ void bindDispatch(py::module_& m) {
     return out;
   });
   m.def("_random_ops_given_the_npu_draw", [] { return npu::dispatch::randomOpsGivenTheNpuDraw(); });
+  // The npu's floating dtypes ("float32", ...), defined once (csrc/ops/dtypes.h).
+  m.def("_floating_dtypes", [] {
+    std::vector<std::string> names;
+    for (auto type : npu::ops::floatingTypes().types()) names.emplace_back(c10::getDtypeNames(type).first);
+    return names;
+  });
   m.def("_num_native_kernels", [] { return npu::dispatch::numNativeKernels(); });
   m.def("_unmatched_library_names", [] { return npu::ops::unmatchedLibraryNames(); });
 }

@@ -87,12 +87,20 @@ _ops: Dict[str, CustomOp] = {}
 
 
 def custom_op(name: str) -> Optional[CustomOp]:
-    """The custom op called ``name``, "npu::name" or "torch.ops.npu.name", if registered."""
-    for prefix in ("torch.ops.npu.", "npu::"):
-        if name.startswith(prefix):
-            name = name[len(prefix):]
-    name = name.split(".")[0] if name.endswith(".default") else name
-    return _ops.get(name)
+    """The custom op called ``name``, "npu::name" or "torch.ops.npu.name", if registered.
+
+    Names are read by the C++ parser every op name goes through; a name without a
+    namespace, which it reads as aten's, may be a custom op's too.
+    """
+    try:
+        qualified, _overload = _C._canonical_op_name(name)
+    except RuntimeError:  # text that is no operator name ("", "::"): no op of ours
+        return None
+    namespace, _, short = qualified.partition("::")
+    explicit = "::" in name or name.strip().startswith("torch.ops.")
+    if namespace == NAMESPACE or (namespace == "aten" and not explicit):
+        return _ops.get(short)
+    return None
 
 
 def all_custom_ops() -> List[CustomOp]:

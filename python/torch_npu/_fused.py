@@ -1,59 +1,16 @@
-"""The fused C++ ops (csrc/ops/fused): their derivatives and meta functions.
+"""The fused C++ ops (csrc/ops/fused): their derivatives.
 
 Exposed as ``torch.ops.npu.<name>`` and ``torch_npu.<name>`` with the Ascend
 adapter's signatures. The kernels serve npu and cpu tensors; autograd uses the
-fused backward kernels; the fake (meta) functions let torch.compile and
-torch.export trace them without running them.
+fused backward kernels; their meta kernels (C++, beside the kernels: one
+definition of each op's checks and shapes) let torch.compile and torch.export
+trace them on fake tensors without running them.
 """
 import torch
 
 __all__ = ["npu_rms_norm", "npu_add_rms_norm", "npu_swiglu", "npu_rotary_mul", "npu_fused_add_matmul"]
 
 _ops = torch.ops.npu
-
-
-def _rstd_shape(x, gamma):
-    return list(x.shape[: x.dim() - gamma.dim()]) + [1] * gamma.dim()
-
-
-# ---- fake (meta) functions ------------------------------------------------------------
-
-@torch.library.register_fake("npu::npu_rms_norm")
-def _rms_norm_fake(x, gamma, epsilon=1e-6):
-    # The kernels compute on contiguous copies: their results are contiguous.
-    return x.new_empty(x.shape), x.new_empty(_rstd_shape(x, gamma), dtype=torch.float32)
-
-
-@torch.library.register_fake("npu::npu_rms_norm_backward")
-def _rms_norm_backward_fake(dy, x, gamma, rstd):
-    return x.new_empty(x.shape), gamma.new_empty(gamma.shape, dtype=torch.float32)
-
-
-@torch.library.register_fake("npu::npu_add_rms_norm")
-def _add_rms_norm_fake(x1, x2, gamma, epsilon=1e-6):
-    return x1.new_empty(x1.shape), x1.new_empty(_rstd_shape(x1, gamma), dtype=torch.float32), x1.new_empty(x1.shape)
-
-
-@torch.library.register_fake("npu::npu_swiglu")
-def _swiglu_fake(x, dim=-1):
-    shape = list(x.shape)
-    shape[dim] //= 2
-    return x.new_empty(shape)
-
-
-@torch.library.register_fake("npu::npu_swiglu_backward")
-def _swiglu_backward_fake(grad, x, dim=-1):
-    return x.new_empty(x.shape)
-
-
-@torch.library.register_fake("npu::npu_rotary_mul")
-def _rotary_fake(x, r1, r2, rotary_mode="half", rotate=None):
-    return x.new_empty(x.shape)
-
-
-@torch.library.register_fake("npu::npu_rotary_mul_backward")
-def _rotary_backward_fake(grad, x, r1, r2, rotary_mode="half"):
-    return x.new_empty(x.shape), r1.new_empty(r1.shape), r2.new_empty(r2.shape)
 
 
 # ---- derivatives ------------------------------------------------------------------------

@@ -4,8 +4,9 @@
 // over its rows, parallel over rows with at::parallel_for, computing in float
 // for the 16-bit types, with an inner loop over contiguous memory the compiler
 // vectorises. On npu tensors the kernels run in stream order on host views of
-// npu memory (HostExecution); cpu tensors run them directly. Autograd and the
-// meta (fake) functions are registered from Python (torch_npu/_fused.py).
+// npu memory (HostExecution); cpu tensors run them directly. Their meta
+// kernels (the same checks and shapes, for fake tensors) are here; autograd is
+// registered from Python (torch_npu/_fused.py).
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
@@ -31,13 +32,11 @@
 #include <vector>
 
 #include "../../core/device.h"
+#include "../dtypes.h"
 #include "../host_execution.h"
 
 namespace npu::ops {
 namespace {
-
-#define NPU_FUSED_TYPES(type, name, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, type, name, __VA_ARGS__)
 
 // Runs `compute` on host tensors: for npu inputs inside a HostExecution (so the
 // outputs it allocates are npu memory), for cpu inputs directly.
@@ -58,8 +57,8 @@ auto onHost(const char* op, std::initializer_list<std::reference_wrapper<const a
 }
 
 void checkFloating(const char* op, const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16,
-              "npu::", op, ": ", name, " must be float32, float16 or bfloat16, got ", t.scalar_type());
+  TORCH_CHECK(floatingTypes().contains(t.scalar_type()), "npu::", op, ": ", name, " must be ",
+              floatingTypes().pythonNames(), ", got ", t.scalar_type());
 }
 
 // ---- vector loops ------------------------------------------------------------------
@@ -179,33 +178,52 @@ int64_t normalizedSize(const char* op, const at::Tensor& x, const at::Tensor& ga
   return gamma.numel();
 }
 
-std::vector<int64_t> rstdShape(const at::Tensor& x, const at::Tensor& gamma) {
+// rstd: float32, x's shape with the normalised dimensions kept as 1.
+at::Tensor emptyRstd(const at::Tensor& x, const at::Tensor& gamma) {
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - gamma.dim());
   shape.insert(shape.end(), gamma.dim(), 1);
-  return shape;
+  return at::empty(shape, x.options().dtype(at::kFloat));
 }
+
+int64_t checkRmsNorm(const char* op, const at::Tensor& self, const at::Tensor& residual, const at::Tensor& gamma) {
+  const int64_t n = normalizedSize(op, self, gamma);
+  if (residual.defined()) {
+    TORCH_CHECK(residual.sizes() == self.sizes() && residual.scalar_type() == self.scalar_type(), "npu::", op,
+                ": x2 must have x1's shape and dtype, got ", residual.sizes(), " ", residual.scalar_type());
+  }
+  return n;
+}
+
+int64_t checkRmsNormBackward(const char* op, const at::Tensor& dy, const at::Tensor& self, const at::Tensor& gamma,
+                             const at::Tensor& rstd) {
+  const int64_t n = normalizedSize(op, self, gamma);
+  TORCH_CHECK(dy.sizes() == self.sizes() && dy.scalar_type() == self.scalar_type(), "npu::", op,
+              ": dy must have self's shape and dtype");
+  TORCH_CHECK(rstd.scalar_type() == at::kFloat && rstd.numel() * n == self.numel(), "npu::", op,
+              ": rstd must be the float32 result of npu_rms_norm");
+  return n;
+}
+
+// The results' shapes and dtypes (contiguous), for the kernels and their meta kernels alike.
+at::Tensor emptyLike(const at::Tensor& t) { return at::empty(t.sizes(), t.options()); }
 
 // y = x * rstd * gamma, rstd = 1 / sqrt(mean(x^2) + eps); with `residual`,
 // x = self + residual first (and returned as x_sum).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsNormImpl(const char* op, const at::Tensor& self,
                                                            const at::Tensor& residual, const at::Tensor& gamma,
                                                            double epsilon) {
-  const int64_t n = normalizedSize(op, self, gamma);
-  if (residual.defined()) {
-    TORCH_CHECK(residual.sizes() == self.sizes() && residual.scalar_type() == self.scalar_type(), "npu::", op,
-                ": x2 must have x1's shape and dtype, got ", residual.sizes(), " ", residual.scalar_type());
-  }
+  const int64_t n = checkRmsNorm(op, self, residual, gamma);
   return onHost(op, {self, residual, gamma}, [&](auto input, auto output) {
     const at::Tensor x = input(self);
     const at::Tensor r = input(residual);
     const at::Tensor g = input(gamma);
     const int64_t rows = n == 0 ? 0 : x.numel() / n;
-    at::Tensor y = at::empty_like(x);
-    at::Tensor rstd = at::empty(rstdShape(self, gamma), x.options().dtype(at::kFloat));
-    at::Tensor x_sum = r.defined() ? at::empty_like(x) : at::Tensor();
+    at::Tensor y = emptyLike(x);
+    at::Tensor rstd = emptyRstd(x, g);
+    at::Tensor x_sum = r.defined() ? emptyLike(x) : at::Tensor();
     // Rows of no elements: the mean of nothing is NaN, as in the composition.
     if (n == 0) rstd.fill_(std::numeric_limits<float>::quiet_NaN());
-    NPU_FUSED_TYPES(x.scalar_type(), "npu_fused_op", [&] {
+    NPU_DISPATCH_FLOATING_TYPES(x.scalar_type(), "npu_fused_op", [&] {
       using acc_t = at::opmath_type<scalar_t>;
       const scalar_t* xp = x.const_data_ptr<scalar_t>();
       const scalar_t* rp = r.defined() ? r.const_data_ptr<scalar_t>() : nullptr;
@@ -273,20 +291,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> addRmsNorm(const at::Tensor& x1, 
 std::tuple<at::Tensor, at::Tensor> rmsNormBackward(const at::Tensor& dy, const at::Tensor& self,
                                                    const at::Tensor& gamma, const at::Tensor& rstd) {
   constexpr const char* op = "npu_rms_norm_backward";
-  const int64_t n = normalizedSize(op, self, gamma);
-  TORCH_CHECK(dy.sizes() == self.sizes() && dy.scalar_type() == self.scalar_type(), "npu::", op,
-              ": dy must have self's shape and dtype");
-  TORCH_CHECK(rstd.scalar_type() == at::kFloat && rstd.numel() * n == self.numel(), "npu::", op,
-              ": rstd must be the float32 result of npu_rms_norm");
+  const int64_t n = checkRmsNormBackward(op, dy, self, gamma, rstd);
   return onHost(op, {dy, self, gamma, rstd}, [&](auto input, auto output) {
     const at::Tensor g_out = input(dy);
     const at::Tensor x = input(self);
     const at::Tensor g = input(gamma);
     const at::Tensor inv = input(rstd);
     const int64_t rows = n == 0 ? 0 : x.numel() / n;
-    at::Tensor dx = at::empty_like(x);
-    at::Tensor dgamma = at::zeros(gamma.sizes(), x.options().dtype(at::kFloat));
-    NPU_FUSED_TYPES(x.scalar_type(), "npu_fused_op", [&] {
+    at::Tensor dx = emptyLike(x);
+    at::Tensor dgamma = at::zeros(g.sizes(), x.options().dtype(at::kFloat));
+    NPU_DISPATCH_FLOATING_TYPES(x.scalar_type(), "npu_fused_op", [&] {
       using acc_t = at::opmath_type<scalar_t>;
       const scalar_t* dyp = g_out.const_data_ptr<scalar_t>();
       const scalar_t* xp = x.const_data_ptr<scalar_t>();
@@ -357,15 +371,27 @@ GluShape gluShape(const char* op, const at::Tensor& x, int64_t dim) {
   return s;
 }
 
+// x with dimension `dim` halved.
+at::Tensor emptySwiglu(const at::Tensor& x, int64_t dim, const GluShape& s) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape[c10::maybe_wrap_dim(dim, x.dim())] = s.half;
+  return at::empty(shape, x.options());
+}
+
+GluShape checkSwigluBackward(const char* op, const at::Tensor& grad, const at::Tensor& self, int64_t dim) {
+  const GluShape s = gluShape(op, self, dim);
+  TORCH_CHECK(grad.numel() * 2 == self.numel() && grad.scalar_type() == self.scalar_type(), "npu::", op,
+              ": grad_output must be shaped like npu_swiglu's result, with self's dtype");
+  return s;
+}
+
 at::Tensor swiglu(const at::Tensor& self, int64_t dim) {
   constexpr const char* op = "npu_swiglu";
   const GluShape s = gluShape(op, self, dim);
-  std::vector<int64_t> out_shape(self.sizes().begin(), self.sizes().end());
-  out_shape[c10::maybe_wrap_dim(dim, self.dim())] = s.half;
   return onHost(op, {self}, [&](auto input, auto output) {
     const at::Tensor x = input(self);
-    at::Tensor out = at::empty(out_shape, x.options());
-    NPU_FUSED_TYPES(x.scalar_type(), "npu_fused_op", [&] {
+    at::Tensor out = emptySwiglu(x, dim, s);
+    NPU_DISPATCH_FLOATING_TYPES(x.scalar_type(), "npu_fused_op", [&] {
       using acc_t = at::opmath_type<scalar_t>;
       const scalar_t* xp = x.const_data_ptr<scalar_t>();
       scalar_t* op_ = out.mutable_data_ptr<scalar_t>();
@@ -393,14 +419,12 @@ at::Tensor swiglu(const at::Tensor& self, int64_t dim) {
 
 at::Tensor swigluBackward(const at::Tensor& grad, const at::Tensor& self, int64_t dim) {
   constexpr const char* op = "npu_swiglu_backward";
-  const GluShape s = gluShape(op, self, dim);
-  TORCH_CHECK(grad.numel() * 2 == self.numel() && grad.scalar_type() == self.scalar_type(), "npu::", op,
-              ": grad_output must be shaped like npu_swiglu's result, with self's dtype");
+  const GluShape s = checkSwigluBackward(op, grad, self, dim);
   return onHost(op, {grad, self}, [&](auto input, auto output) {
     const at::Tensor g = input(grad);
     const at::Tensor x = input(self);
-    at::Tensor dx = at::empty_like(x);
-    NPU_FUSED_TYPES(x.scalar_type(), "npu_fused_op", [&] {
+    at::Tensor dx = emptyLike(x);
+    NPU_DISPATCH_FLOATING_TYPES(x.scalar_type(), "npu_fused_op", [&] {
       using acc_t = at::opmath_type<scalar_t>;
       const scalar_t* xp = x.const_data_ptr<scalar_t>();
       const scalar_t* gp = g.const_data_ptr<scalar_t>();
@@ -474,6 +498,13 @@ void checkRotary(const char* op, const at::Tensor& x, const at::Tensor& r1, cons
   TORCH_CHECK(x.size(-1) % 2 == 0, "npu::", op, ": the last dimension (", x.size(-1), ") must be even");
 }
 
+void checkRotaryBackward(const char* op, const at::Tensor& grad, const at::Tensor& x, const at::Tensor& r1,
+                         const at::Tensor& r2) {
+  checkRotary(op, x, r1, r2);
+  TORCH_CHECK(grad.sizes() == x.sizes() && grad.scalar_type() == x.scalar_type(), "npu::", op,
+              ": grad must have self's shape and dtype");
+}
+
 // The partner of element j in rotate(x) and its sign: rotate(x)[j] = sign * x[partner].
 inline int64_t partner(RotaryMode mode, int64_t j, int64_t half, float* sign) {
   if (mode == RotaryMode::Half) {
@@ -496,11 +527,11 @@ at::Tensor rotaryMul(const at::Tensor& self, const at::Tensor& r1, const at::Ten
     const at::Tensor x = input(self);
     const at::Tensor c = input(r1);
     const at::Tensor s = input(r2);
-    at::Tensor out = at::empty_like(x);
+    at::Tensor out = emptyLike(x);
     const int64_t d = x.size(-1);
     const int64_t rows = d == 0 ? 0 : x.numel() / d;
     const BroadcastRows c_rows(x, c), s_rows(x, s);
-    NPU_FUSED_TYPES(x.scalar_type(), "npu_fused_op", [&] {
+    NPU_DISPATCH_FLOATING_TYPES(x.scalar_type(), "npu_fused_op", [&] {
       using acc_t = at::opmath_type<scalar_t>;
       const scalar_t* xp = x.const_data_ptr<scalar_t>();
       const scalar_t* cp = c.const_data_ptr<scalar_t>();
@@ -535,9 +566,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rotaryMulBackward(const at::Tenso
                                                                  c10::string_view mode_name) {
   constexpr const char* op = "npu_rotary_mul_backward";
   const RotaryMode mode = rotaryMode(std::string(mode_name));
-  checkRotary(op, self, r1, r2);
-  TORCH_CHECK(grad.sizes() == self.sizes() && grad.scalar_type() == self.scalar_type(), "npu::", op,
-              ": grad must have self's shape and dtype");
+  checkRotaryBackward(op, grad, self, r1, r2);
   return onHost(op, {grad, self, r1, r2}, [&](auto input, auto output) {
     const at::Tensor g = input(grad);
     const at::Tensor x = input(self);
@@ -545,7 +574,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rotaryMulBackward(const at::Tenso
     const at::Tensor s = input(r2);
     const int64_t d = x.size(-1);
     const int64_t rows = d == 0 ? 0 : x.numel() / d;
-    at::Tensor dx = at::empty_like(x);
+    at::Tensor dx = emptyLike(x);
     const BroadcastRows c_rows(x, c), s_rows(x, s);
     // dr1 and dr2 accumulate in float over the rows that share an r row: in
     // per-chunk partials (summed in chunk order afterwards, so every run gives
@@ -558,7 +587,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rotaryMulBackward(const at::Tenso
     std::mutex merge;
     std::vector<Partial> partials;
     std::vector<float> direct_c(shared ? 0 : c.numel(), 0.0f), direct_s(shared ? 0 : s.numel(), 0.0f);
-    NPU_FUSED_TYPES(x.scalar_type(), "npu_fused_op", [&] {
+    NPU_DISPATCH_FLOATING_TYPES(x.scalar_type(), "npu_fused_op", [&] {
       using acc_t = at::opmath_type<scalar_t>;
       const scalar_t* gp = g.const_data_ptr<scalar_t>();
       const scalar_t* xp = x.const_data_ptr<scalar_t>();
@@ -624,6 +653,52 @@ at::Tensor fusedAddMatmul(const at::Tensor& x, const at::Tensor& w) {
   return at::matmul(x, w).add_(x);
 }
 
+// ---- meta kernels ------------------------------------------------------------------
+// The checks, shapes and dtypes of the kernels above, without computing: what
+// fake tensors (torch.compile, torch.export) get. One definition of each rule.
+
+std::tuple<at::Tensor, at::Tensor> rmsNormMeta(const at::Tensor& self, const at::Tensor& gamma, double) {
+  checkRmsNorm("npu_rms_norm", self, at::Tensor(), gamma);
+  return {emptyLike(self), emptyRstd(self, gamma)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> addRmsNormMeta(const at::Tensor& x1, const at::Tensor& x2,
+                                                              const at::Tensor& gamma, double) {
+  checkRmsNorm("npu_add_rms_norm", x1, x2, gamma);
+  return {emptyLike(x1), emptyRstd(x1, gamma), emptyLike(x1)};
+}
+
+std::tuple<at::Tensor, at::Tensor> rmsNormBackwardMeta(const at::Tensor& dy, const at::Tensor& self,
+                                                       const at::Tensor& gamma, const at::Tensor& rstd) {
+  checkRmsNormBackward("npu_rms_norm_backward", dy, self, gamma, rstd);
+  return {emptyLike(self), at::empty(gamma.sizes(), self.options().dtype(at::kFloat))};
+}
+
+at::Tensor swigluMeta(const at::Tensor& self, int64_t dim) {
+  return emptySwiglu(self, dim, gluShape("npu_swiglu", self, dim));
+}
+
+at::Tensor swigluBackwardMeta(const at::Tensor& grad, const at::Tensor& self, int64_t dim) {
+  checkSwigluBackward("npu_swiglu_backward", grad, self, dim);
+  return emptyLike(self);
+}
+
+at::Tensor rotaryMulMeta(const at::Tensor& self, const at::Tensor& r1, const at::Tensor& r2,
+                         c10::string_view mode_name, const std::optional<at::Tensor>& rotate) {
+  if (rotate.has_value() && rotate->defined()) return rotaryMul(self, r1, r2, mode_name, rotate);  // composed
+  rotaryMode(std::string(mode_name));
+  checkRotary("npu_rotary_mul", self, r1, r2);
+  return emptyLike(self);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rotaryMulBackwardMeta(const at::Tensor& grad, const at::Tensor& self,
+                                                                     const at::Tensor& r1, const at::Tensor& r2,
+                                                                     c10::string_view mode_name) {
+  rotaryMode(std::string(mode_name));
+  checkRotaryBackward("npu_rotary_mul_backward", grad, self, r1, r2);
+  return {emptyLike(self), emptyLike(r1), emptyLike(r2)};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(npu, m) {
@@ -660,5 +735,15 @@ TORCH_LIBRARY(npu, m) {
 NPU_FUSED_KERNELS(PrivateUse1)
 NPU_FUSED_KERNELS(CPU)
 #undef NPU_FUSED_KERNELS
+
+TORCH_LIBRARY_IMPL(npu, Meta, m) {
+  m.impl("npu_rms_norm", TORCH_FN(rmsNormMeta));
+  m.impl("npu_rms_norm_backward", TORCH_FN(rmsNormBackwardMeta));
+  m.impl("npu_add_rms_norm", TORCH_FN(addRmsNormMeta));
+  m.impl("npu_swiglu", TORCH_FN(swigluMeta));
+  m.impl("npu_swiglu_backward", TORCH_FN(swigluBackwardMeta));
+  m.impl("npu_rotary_mul", TORCH_FN(rotaryMulMeta));
+  m.impl("npu_rotary_mul_backward", TORCH_FN(rotaryMulBackwardMeta));
+}
 
 }  // namespace npu::ops
