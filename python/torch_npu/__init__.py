@@ -67,16 +67,9 @@ from . import _multiprocessing  # noqa: E402
 
 _multiprocessing.install()  # npu tensors sent to another process: a clear error, never a hang
 
-# Backward of npu graphs runs on the calling thread, not on PyTorch's per-device
-# autograd thread. The cause, seen in a core dump of the abort at exit: the device
-# thread drops the last reference to a finished GraphTask after backward() has
-# returned; the task's at::ThreadLocalState holds a SafePyObject whose decref takes
-# the GIL; during Py_Finalize that take_gil() calls pthread_exit, whose forced unwind
-# crosses a noexcept destructor: "terminate called without an active exception"
-# (about 1 run in 4 of a script that ends right after backward). The race is in
-# PyTorch's engine, not in npu code, so it is avoided here. This setting is per
-# thread: it covers the thread that imported torch_npu (the main thread, as a rule).
-torch._C._set_multithreading_enabled(False)
+from . import _exit  # noqa: E402
+
+_exit.install()  # backward runs on the npu's autograd thread, as on CUDA: drained at exit
 
 __version__ = "0.1.0"
 
