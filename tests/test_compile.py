@@ -390,3 +390,22 @@ def test_export_runs_on_the_npu():
     assert out.device.type == "npu"
     close(out, model(x))
     assert any(n.target is torch.ops.aten.linear.default for n in program.graph.nodes)
+
+
+def test_compile_error_hint_is_for_npu_graphs_only():
+    from torch_npu._compile.backend import FALLBACK_HINT
+
+    def broken_backend(gm, example_inputs):
+        raise NotImplementedError("this backend compiles nothing")
+
+    def error_of(f, x):
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="compiles nothing") as error:
+            torch.compile(f, backend=broken_backend)(x)
+        torch._dynamo.reset()
+        return str(error.value)
+
+    assert FALLBACK_HINT not in error_of(lambda x: torch.sin(x) + 1, torch.randn(4))              # a cpu graph
+    assert FALLBACK_HINT in error_of(lambda x: torch.sin(x) + 1, torch.randn(4, device="npu"))    # npu inputs
+    assert FALLBACK_HINT in error_of(lambda x: (torch.ones(4, device="npu") + 1).cpu() + x,       # npu inside
+                                     torch.randn(4))

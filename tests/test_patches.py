@@ -1,7 +1,13 @@
-"""torch_npu._patches: every change can be undone, by group, whatever the order."""
+"""torch_npu._patches: every change can be undone, by group, whatever the order; every
+change says why, against which torch it was checked and what PyTorch's object looks like."""
 import types
 
+import pytest
+
 from torch_npu import _patches
+
+# The keyword arguments every change carries (a synthetic target: any description does).
+WHY = dict(reason="a test", checked=("2.13",))
 
 
 def test_layers_of_two_groups_undo_in_any_order():
@@ -14,12 +20,13 @@ def test_layers_of_two_groups_undo_in_any_order():
 
     owner = types.SimpleNamespace(value="own")
     table = {}
-    _patches.patch(owner, "value", "first", "group-a")
-    _patches.patch(owner, "value", "first again", "group-a")           # same group: one layer
-    _patches.wrap(owner, "value", lambda v: f"second over {v}", "group-b")
-    _patches.wrap(owner, "value", lambda v: "never made", "group-b")   # once per group
-    _patches.patch(Owner, "method", lambda self: "patched", "group-b")  # inherited: undo deletes
-    _patches.patch(table, 1, "entry", "group-a")                       # a dict: name is a key
+    _patches.patch(owner, "value", "first", "group-a", expects="str", **WHY)
+    _patches.patch(owner, "value", "first again", "group-a", expects="str", **WHY)          # same group: one layer
+    _patches.wrap(owner, "value", lambda v: f"second over {v}", "group-b", expects="str", **WHY)
+    _patches.wrap(owner, "value", lambda v: "never made", "group-b", expects="str", **WHY)  # once per group
+    # inherited: undo deletes the patch
+    _patches.patch(Owner, "method", lambda self: "patched", "group-b", expects="(self)", **WHY)
+    _patches.patch(table, 1, "entry", "group-a", expects=_patches.ABSENT, **WHY)            # a dict: name is a key
     assert owner.value == "second over first again" and Owner().method() == "patched" and table == {1: "entry"}
     assert _patches.original(owner, "value") == "own"
     assert _patches.applied("group-b") == ["group-b: SimpleNamespace.value", "group-b: Owner.method"]
@@ -29,6 +36,119 @@ def test_layers_of_two_groups_undo_in_any_order():
     assert _patches.undo("group-b") == 2           # and now restores what group-a had replaced
     assert owner.value == "own" and Owner().method() == "own" and "method" not in vars(Owner)
     assert _patches.applied("group-a") == _patches.applied("group-b") == []
+
+
+def test_every_change_says_why_and_what_it_expects():
+    owner = types.SimpleNamespace(value="own")
+    with pytest.raises(TypeError, match="reason"):
+        _patches.patch(owner, "value", "new", "group-c", checked=("2.13",), expects="str")
+    with pytest.raises(TypeError, match="expects"):
+        _patches.wrap(owner, "value", lambda v: v, "group-c", **WHY)
+    for bad in ({"reason": ""}, {"reason": "two\nlines"}, {"checked": "2.13"}, {"checked": ()},
+                {"checked": ("2",)}, {"expects": None}):
+        with pytest.raises(ValueError):
+            _patches.patch(owner, "value", "new", "group-c", **{**WHY, "expects": "str", **bad})
+    assert owner.value == "own" and _patches.applied("group-c") == []
+
+    # A target that is not what the change expects: a warning when it is made.
+    with pytest.warns(_patches.TorchInternalsChanged, match="expected int, found str"):
+        _patches.patch(owner, "value", "new", "group-c", expects="int", **WHY)
+    entry, = _patches.ledger("group-c")
+    assert (entry.expects, entry.found(), entry.reason, entry.checked) == ("int", "str", "a test", ("2.13",))
+    assert _patches.undo("group-c") == 1 and owner.value == "own"
+
+
+def test_describe_says_what_a_change_relies_on():
+    import torch
+
+    class Example:
+        @staticmethod
+        def static(gm, *, is_inference):
+            pass
+
+        def method(self, x: int = 1, *args, key=None, **kwargs) -> int:   # annotations left out
+            return x
+
+    assert _patches.describe(Example.method) == "(self, x=1, *args, key=None, **kwargs)"
+    assert _patches.describe(vars(Example)["static"]) == "staticmethod (gm, *, is_inference)"
+    assert _patches.describe(Example) == "class (metaclass type)"
+    assert _patches.describe(torch.zeros) == "builtin_function_or_method"
+    assert _patches.describe(torch.Tensor.to) == "method_descriptor"
+    assert _patches.describe(property(lambda self: 1)) == "property"
+    assert _patches.describe(()) == "tuple"
+    assert _patches.describe(_patches._ABSENT) == _patches.ABSENT
+
+
+def test_changes_made_outside_python_are_recorded():
+    state = {"on": True}
+    entry = _patches.record("a switch", group="group-d", undo=lambda: state.update(on=False), **WHY)
+    kept = _patches.record("a C++ change", group="group-d", **WHY)   # no undo: it stays
+    assert _patches.record("a switch", group="group-d", **WHY) is entry  # once
+    assert _patches.applied("group-d") == ["group-d: a switch", "group-d: a C++ change"]
+    assert entry.found() is None and entry.expects is None
+    with pytest.raises(ValueError, match="expects"):   # a Python target needs its expectation
+        _patches.record("a target", group="group-d", target=(types, "SimpleNamespace"), **WHY)
+    assert _patches.undo("group-d") == 1 and state == {"on": False}
+    assert _patches.ledger("group-d") == [kept]
+    _patches._order.remove(kept)   # (a test's own record: gone with it)
+
+
+# Run in a child: loads every feature that changes PyTorch (those that do so lazily
+# included), then checks every entry of the ledger against the running torch.
+LEDGER_CHECK = r"""
+import warnings
+warnings.simplefilter("error", RuntimeWarning)   # a TorchInternalsChanged warning when a change is made fails
+import torch, torch_npu
+from torch_npu import _patches
+
+import torch._dynamo, torch._inductor                  # the compile group: dynamo's registry ...
+torch.npu.Scheduling                                   # ... and inductor's backend registration
+import torch_npu.contrib.transfer_to_npu               # the transfer_to_npu group
+from torch_npu.doctor import Doctor
+
+def problems():
+    version = _patches.torch_version()
+    found = []
+    for entry in _patches.ledger():
+        if not entry.reason or "\n" in entry.reason:
+            found.append(f"{entry.group}: {entry.name}: no one-line reason")
+        if version not in entry.checked:
+            found.append(f"{entry.group}: {entry.name}: checked against torch {entry.checked}, not {version}")
+        if entry.owner is None and entry.attr is None:   # no Python target (a C++ change)
+            continue
+        now = entry.found()
+        if now != entry.expects:
+            found.append(f"{entry.group}: {entry.name}: expected {entry.expects}, found {now}")
+    return found
+
+with Doctor(profile=False):                            # the doctor group, while a Doctor runs
+    groups = {entry.group for entry in _patches.ledger()}
+    assert groups >= {"host_execution", "profiler", "distributed", "multiprocessing", "compile",
+                      "transfer_to_npu", "doctor"}, groups
+    assert problems() == [], "\n".join(problems())
+    print("entries", len(_patches.ledger()))
+
+# A deliberately wrong expectation fails the check: torch.nn.functional.relu does not take
+# inplace=True by default.
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    _patches.wrap(torch.nn.functional, "relu", lambda relu: relu, "synthetic", reason="a wrong expectation",
+                  checked=(_patches.torch_version(),), expects="(input, inplace=True)")
+assert [type(w.message) for w in caught] == [_patches.TorchInternalsChanged], caught
+assert problems() == ["synthetic: torch.nn.functional.relu: expected (input, inplace=True), "
+                      "found (input, inplace=False)"], problems()
+_patches.undo("synthetic")
+# ... and so does one checked against another torch only.
+_patches.record("synthetic switch", group="synthetic", reason="an old entry", checked=("1.0",))
+assert problems() == [f"synthetic: synthetic switch: checked against torch ('1.0',), not {_patches.torch_version()}"]
+print("OK")
+"""
+
+
+def test_every_ledger_entry_matches_the_pinned_torch(run_python):
+    proc = run_python(LEDGER_CHECK, timeout=300)
+    assert "OK" in proc.stdout, proc.stdout
+    assert int(proc.stdout.split("entries")[1].split()[0]) > 100
 
 
 def test_compile_and_profiler_changes_are_undone_by_their_groups(run_python):

@@ -273,3 +273,70 @@ def test_undo_gives_pytorch_back_its_own_objects(run_python):
         print("OK")
     """)
     assert "OK" in proc.stdout
+
+
+def test_the_lists_of_changed_names_exist_in_torch_and_torch_npu(run_python):
+    # transfer_to_npu changes the names it lists, and only those: each must exist in the
+    # pinned torch (and torch.npu), once; what PyTorch adds later shows up here too.
+    proc = run_python("""
+        import sys
+        import torch, torch.utils._device
+        import torch_npu
+        import torch_npu.contrib.transfer_to_npu as t
+        from torch_npu import _patches
+
+        def original(owner, name):
+            value = _patches.original(owner, name)
+            assert value is not None, f"{getattr(owner, '__name__', owner)}.{name} does not exist"
+            return value
+
+        # Device-taking functions and methods: each exists, and each is listed once per owner.
+        for table in (t.DEVICE_CONSTRUCTORS, t.MORE_DEVICE_FUNCTIONS):
+            for module, names in table.items():
+                for name in names:
+                    original(sys.modules[module], name)
+        for module in set(t.DEVICE_CONSTRUCTORS) & set(t.MORE_DEVICE_FUNCTIONS):
+            assert not set(t.DEVICE_CONSTRUCTORS[module]) & set(t.MORE_DEVICE_FUNCTIONS[module]), module
+        for table in (t.DEVICE_METHODS, t.CUDA_METHODS):
+            for owner, names in table.items():
+                for name in names:
+                    original(t._owner(owner), name)
+        assert not set(t.DEVICE_METHODS["Tensor"]) & set(t.CUDA_METHODS["Tensor"])
+        for name in t.DEVICE_CLASSES:
+            original(torch, name)
+        # The device constructors are exactly PyTorch's (what `with torch.device(...)` applies to).
+        listed = {original(sys.modules[module], name)
+                  for module, names in t.DEVICE_CONSTRUCTORS.items() for name in names}
+        assert listed == set(t._pytorch_device_constructors()), set(t._pytorch_device_constructors()) ^ listed
+
+        # torch.cuda's names: each in torch.cuda and torch.npu, once; and every torch.npu name that
+        # torch.cuda has is listed (amp's are CUDA_AMP_NAMES).
+        cuda_names = [name for names in t.CUDA_NAMES.values() for name in names]
+        assert len(cuda_names) == len(set(cuda_names)), cuda_names
+        for name in cuda_names:
+            original(torch.cuda, name)
+            assert hasattr(torch.npu, name), name
+        shared = {n for n in torch.npu.__all__ if hasattr(torch.cuda, n) or _patches.original(torch.cuda, n)}
+        assert shared - {"amp"} == set(cuda_names), shared - {"amp"} ^ set(cuda_names)
+        for name in t.CUDA_AMP_NAMES:
+            original(torch.cuda.amp, name)
+            assert hasattr(torch.npu.amp, name), name
+
+        # The device-index helpers: each listed module imported the helper, and no other does.
+        for (home, name, _), users in t.DEVICE_INDEX_HELPERS.items():
+            helper = _patches.original(sys.modules[home], name)
+            assert helper is not None and len(users) == len(set(users)), (home, users)
+            for user in users:
+                assert _patches.original(sys.modules[user], name) is helper, user
+            package = home.split(".")[0] + "." + ("npu" if home.startswith("torch_npu") else "accelerator")
+            holders = {m.__name__ for key, m in list(sys.modules.items())
+                       if (key + ".").startswith(package + ".") and vars(m).get(name) is not None
+                       and _patches.original(m, name) is helper}
+            assert holders == set(users), (holders, users)
+
+        # Each name is changed once: the ledger has one entry per (owner, name).
+        targets = [(id(e.owner), e.attr) for e in _patches.ledger("transfer_to_npu")]
+        assert len(targets) == len(set(targets))
+        print("OK")
+    """)
+    assert "OK" in proc.stdout

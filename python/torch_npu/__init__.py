@@ -17,7 +17,8 @@ def _autoload():
 
 import torch  # noqa: E402
 
-from . import _C  # noqa: E402
+from . import _C, _patches  # noqa: E402
+_patches.record_host_allocator_redirect()  # _C wrapped the process's CPU allocator as it loaded
 
 _environment_problem = _C._runtime_environment_error()
 if _environment_problem:  # a bad NPU_EMU_* value: say so now, not at the first npu call

@@ -57,4 +57,8 @@ def install() -> None:
     reducers = ForkingPickler._extra_reducers
     for cls in (torch.Tensor, torch.nn.Parameter, torch.UntypedStorage, torch.storage.TypedStorage):
         if cls in reducers:
-            _patches.wrap(reducers, cls, _refusing_npu, GROUP)
+            _patches.wrap(reducers, cls, _refusing_npu, GROUP, checked=("2.13",),
+                          expects="(storage)" if cls in (torch.UntypedStorage, torch.storage.TypedStorage)
+                          else "(tensor)",
+                          reason="torch's reducer shares any non-CUDA tensor through host memory and fails with "
+                                 "a lost item and a hung consumer for npu memory: npu tensors are refused clearly")

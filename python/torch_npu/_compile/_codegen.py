@@ -109,27 +109,31 @@ def _on_npu(node):
     return device is not None and device.type == "npu"
 
 
-def _patch(owner, name, value):
+CHECKED = ("2.13",)   # the torch versions every change below was checked against (torch_npu._patches)
+
+
+def _patch(owner, name, value, *, reason, expects):
     """``owner.name = value`` (``owner[name]`` for a dict), undone by ``_patches.undo("compile")``."""
-    return _patches.patch(owner, name, value, GROUP)
+    return _patches.patch(owner, name, value, GROUP, reason=reason, checked=CHECKED, expects=expects)
 
 
-def _wrap(owner, name, make):
+def _wrap(owner, name, make, *, reason, expects):
     """Replaces ``owner.name`` by ``make(original)`` there only."""
-    return _patches.wrap(owner, name, lambda original: functools.wraps(original)(make(original)), GROUP)
+    return _patches.wrap(owner, name, lambda original: functools.wraps(original)(make(original)), GROUP,
+                         reason=reason, checked=CHECKED, expects=expects)
 
 
-def _replace(module, name, make):
+def _replace(module, name, make, *, reason, expects):
     """Replaces ``module.name`` by ``make(original)``, also where other inductor modules
     imported it by name and where it is registered as a lowering."""
     original = getattr(module, name)
     replacement = functools.wraps(original)(make(original))
     for m in list(sys.modules.values()):
         if getattr(m, "__name__", "").startswith("torch._inductor") and getattr(m, name, None) is original:
-            _patch(m, name, replacement)
+            _patch(m, name, replacement, reason=reason, expects=expects)
     for op, lowering in list(_lowering.lowerings.items()):
         if lowering is original:
-            _patch(_lowering.lowerings, op, replacement)
+            _patch(_lowering.lowerings, op, replacement, reason=reason, expects=expects)
 
 
 # What the current thread's lowering has asked for (see _arg_reductions, _division).
@@ -153,12 +157,16 @@ def _flagged(name):
 
 def _scheduler_nodes():
     # Loop reordering after fusion is for Triton; inductor skips it for "cpu" nodes only.
-    _patch(_scheduler.BaseSchedulerNode, "is_cpu", lambda node: _served_by_cpp(node.get_device()))
+    _patch(_scheduler.BaseSchedulerNode, "is_cpu", lambda node: _served_by_cpp(node.get_device()), expects="(self)",
+           reason="the scheduler asks node.is_cpu() where it means 'compiled by the C++ backend' (loop reordering "
+                  "after fusion is for Triton)")
 
 
 def _realization_heuristics():
     # When to materialise a pointwise result (op counts, reads, reuse of heavy ops).
-    _replace(_ir, "is_cpu", lambda original: lambda x: original(x) or _ir.get_device_type(x) == "npu")
+    _replace(_ir, "is_cpu", lambda original: lambda x: original(x) or _ir.get_device_type(x) == "npu",
+             expects="(x)", reason="inductor's realization heuristics ask ir.is_cpu(x) where they mean 'compiled "
+                                   "by the C++ backend'")
 
 
 def _backend_rules():
@@ -171,7 +179,9 @@ def _backend_rules():
                 return torch._inductor.config.cpu_backend
             return original(device_type)
         return get_current_backend
-    _replace(_utils, "get_current_backend", make)
+    _replace(_utils, "get_current_backend", make, expects="(device_type=None)",
+             reason="inductor picks a backend's rules by device type and knows no backend for 'npu': the npu's is "
+                    "the C++ backend (config.cpu_backend)")
 
 
 def _concatenation():
@@ -191,8 +201,12 @@ def _concatenation():
             return None if _on_npu(x) else original(x, padding, fill_value)
         return pad_as_cat
 
-    _replace(_lowering, "pointwise_cat", make_cat)
-    _replace(_lowering, "_pad_as_cat", make_pad)
+    _replace(_lowering, "pointwise_cat", make_cat, expects="(inputs, dim=0)",
+             reason="inductor concatenates with a masked pointwise kernel except on device.type == 'cpu'; the C++ "
+                    "backend's ConcatKernel is the fast one for the npu too")
+    _replace(_lowering, "_pad_as_cat", make_pad, expects="(x, padding, fill_value)",
+             reason="inductor rewrites right-padding into a cat except on device.type == 'cpu'; the npu is served "
+                    "by the C++ backend, where it does not pay")
 
 
 _ARG_REDUCTIONS = frozenset(("argmax", "argmin", "argmax_value", "argmin_value", "argmax_with_value",
@@ -217,8 +231,13 @@ def _arg_reductions():
             return (getattr(_lowering_state, "arg_reduction", False) and _on_npu(node)) or original(node)
         return is_triton
 
-    _replace(_lowering, "_make_reduction_inner", make_inner)
-    _wrap(_lowering, "is_triton", make_is_triton)
+    _replace(_lowering, "_make_reduction_inner", make_inner,
+             expects="(x, *, axis, keepdims, dtype, override_return_dtype, reduction_type=None)",
+             reason="inductor counts argmax/argmin positions in logical order only for Triton or device.type == "
+                    "'cpu': it flags those reductions of npu inputs (without it they return memory positions)")
+    _wrap(_lowering, "is_triton", make_is_triton, expects="(x)",
+          reason="inductor counts argmax/argmin positions in logical order only for Triton or device.type == "
+                 "'cpu': a flagged npu reduction answers yes")
 
 
 def _division():
@@ -237,8 +256,12 @@ def _division():
             return None if getattr(_lowering_state, "keep_division", False) else original(x)
         return get_constant_value
 
-    _replace(_lowering, "div_prim", make_div)
-    _wrap(_lowering, "get_constant_value", make_constant)
+    _replace(_lowering, "div_prim", make_div, expects="(a, b)",
+             reason="inductor turns x / constant into a multiplication by the reciprocal except on device.type == "
+                    "'cpu': npu divisions are flagged to stay divisions, rounding as eager does")
+    _wrap(_lowering, "get_constant_value", make_constant, expects="(x)",
+          reason="inductor turns x / constant into a multiplication by the reciprocal except on device.type == "
+                 "'cpu': a flagged npu division sees no constant")
 
 
 def _variance():
@@ -257,7 +280,9 @@ def _variance():
             return (int(numel) <= torch._inductor.config.cpp.use_two_step_variance_threshold
                     and sympy_product(kwargs["ranges"]) != 1)
         return use_two_step_variance
-    _replace(_lowering, "use_two_step_variance", make)
+    _replace(_lowering, "use_two_step_variance", make, expects="(x, axis, keepdim, input_dtype)",
+             reason="inductor's two-pass variance rule for small reductions tests device.type == 'cpu': npu "
+                    "reductions, compiled by the C++ backend, need the same rule")
 
 
 def _scatter():
@@ -267,7 +292,10 @@ def _scatter():
             device_type = "cpu" if src_device_type == "npu" else src_device_type
             return original(op_overload, reduction_type, self_dtype, src_dtype, device_type, src_is_tensor)
         return use_scatter_fallback
-    _replace(_utils, "use_scatter_fallback", make)
+    _replace(_utils, "use_scatter_fallback", make,
+             expects="(op_overload, reduction_type, self_dtype, src_dtype, src_device_type, src_is_tensor)",
+             reason="inductor keeps ATen's scatter_reduce(sum) only for src_device_type == 'cpu'; the npu's C++ "
+                    "backend has no atomics either")
 
 
 def _layout():
@@ -284,7 +312,10 @@ def _layout():
             return decide(gm, is_inference=is_inference)
         return staticmethod(decide_layout_opt)
 
-    _patches.wrap(GraphLowering, "decide_layout_opt", make, GROUP)
+    _patches.wrap(GraphLowering, "decide_layout_opt", make, GROUP, checked=CHECKED,
+                  expects="staticmethod (gm, *, is_inference)",
+                  reason="inductor may lay convolution graphs out channels-last by GPU heuristics; the npu's "
+                         "convolution returns contiguous results, so that only adds copies")
 
 
 @functools.cache

@@ -26,12 +26,13 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree
 
-from .. import _patches
+from .. import _C, _patches
 from . import GROUP
 
 _npu = torch.ops.npu
-_FLOATING = (torch.float32, torch.float16, torch.bfloat16)
+_FLOATING = tuple(getattr(torch, name) for name in _C._floating_dtypes())   # the npu's, defined in C++
 _MATMUL = (operator.matmul, torch.matmul)
 
 
@@ -386,10 +387,29 @@ def register():
     def hinting(init):
         def __init__(self, backend_fn, inner_exception, first_useful_frame):
             init(self, backend_fn, inner_exception, first_useful_frame)
-            self.args = (f"{self.args[0]}\n\n{FALLBACK_HINT}",) + self.args[1:] if self.args else (FALLBACK_HINT,)
+            if _graph_on_npu(first_useful_frame):
+                self.args = (f"{self.args[0]}\n\n{FALLBACK_HINT}",) + self.args[1:] if self.args else (FALLBACK_HINT,)
         return __init__
 
-    _patches.wrap(exc.BackendCompilerFailed, "__init__", hinting, GROUP)
+    _patches.wrap(exc.BackendCompilerFailed, "__init__", hinting, GROUP, checked=("2.13",),
+                  expects="(self, backend_fn, inner_exception, first_useful_frame)",
+                  reason="dynamo's error for a failed backend compiler has no hook for advice: an npu graph's error "
+                         "says how to fall back to eager")
+
+
+def _graph_on_npu(frame):
+    """Whether the graph whose compilation failed has npu tensors: dynamo raises
+    BackendCompilerFailed from the frame that called the backend (``first_useful_frame``),
+    whose ``gm`` and ``example_inputs`` are the graph's."""
+    if frame is None:
+        return False
+    local = frame.f_locals
+    values = list(local.get("example_inputs") or ())
+    gm = local.get("gm")
+    if isinstance(gm, torch.fx.GraphModule):
+        values += [node.meta.get("example_value") for node in gm.graph.nodes]
+    return any(isinstance(v, torch.Tensor) and v.device.type == "npu"
+               for v in torch.utils._pytree.tree_leaves(values))
 
 
 def _eager_fallback(backend, name):

@@ -20,11 +20,16 @@ Code that inspects ``tensor.device.type`` sees ``"npu"``.
 PyTorch's compiler (dynamo, inductor) and torch.cuda's own code still see CUDA's
 torch.cuda functions: they ask about CUDA, not about the device a script means.
 
-Every change goes through :mod:`torch_npu._patches` in the group
-``"transfer_to_npu"``: ``torch_npu._patches.undo("transfer_to_npu")`` takes them
-all back.
+It changes the names listed below (DEVICE_CONSTRUCTORS, MORE_DEVICE_FUNCTIONS,
+DEVICE_METHODS, CUDA_METHODS, DEVICE_CLASSES, CUDA_NAMES, CUDA_AMP_NAMES,
+DEVICE_INDEX_HELPERS, and torch.distributed's in _redirect_nccl), each with what
+PyTorch's object is expected to be, and nothing found by searching modules: a
+name PyTorch renames or adds shows up in tests/test_transfer_to_npu.py. Every
+change goes through :mod:`torch_npu._patches` in the group ``"transfer_to_npu"``:
+``torch_npu._patches.undo("transfer_to_npu")`` takes them all back.
 """
 import functools
+import importlib
 import sys
 import types
 
@@ -36,19 +41,92 @@ import torch_npu  # noqa: F401  (registers the npu device)
 from torch_npu import _patches
 
 GROUP = "transfer_to_npu"
+CHECKED = ("2.13",)   # the torch versions every change below was checked against (torch_npu._patches)
 
-# Functions that take a device besides PyTorch's own list of device constructors
-# (torch.utils._device._device_constructors, what `with torch.device(...)` applies to).
-_MORE_DEVICE_FUNCTIONS = (
-    "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like",
-    "normal", "load", "from_file", "get_device_module",
-)
-_DEVICE_METHODS = {
-    torch.Tensor: ("to", "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "new_tensor"),
-    torch.nn.Module: ("to", "to_empty"),
+# What PyTorch's objects look like (torch_npu._patches.describe): the wrappers pass
+# their arguments on, mapping a cuda device, so a C function has nothing to check.
+C_FUNCTION = "builtin_function_or_method"
+C_METHOD = "method_descriptor"
+CLASS = "class (metaclass type)"
+
+# ---- The names it changes, each once (tests/test_transfer_to_npu.py checks that each exists) ----
+
+# PyTorch's device constructors (torch.utils._device._device_constructors(): what
+# `with torch.device(...)` applies to), by module. torch.sparse has none of its own:
+# the sparse factories are torch.sparse_*_tensor.
+DEVICE_CONSTRUCTORS = {
+    "torch": dict.fromkeys((
+        "arange", "as_tensor", "asarray", "empty", "empty_permuted", "empty_quantized", "empty_strided", "eye",
+        "full", "linspace", "logspace", "ones", "rand", "randint", "randn", "randperm", "range", "scalar_tensor",
+        "tensor", "tril_indices", "triu_indices", "zeros",
+        "bartlett_window", "blackman_window", "hamming_window", "hann_window", "kaiser_window",
+        "sparse_bsc_tensor", "sparse_bsr_tensor", "sparse_compressed_tensor", "sparse_coo_tensor",
+        "sparse_csc_tensor", "sparse_csr_tensor",
+    ), C_FUNCTION),
+    "torch.fft": dict.fromkeys(("fftfreq", "rfftfreq"), C_FUNCTION),
+    "torch.nested": {
+        "nested_tensor": "(tensor_list, *, dtype=None, layout=None, device=None, requires_grad=False, "
+                         "pin_memory=False)",
+    },
 }
-# Where PyTorch's device constructors live (torch.fft.fftfreq, torch.nested.nested_tensor).
-_CONSTRUCTOR_MODULES = (torch, torch.fft, torch.nested, torch.sparse)
+# Other functions that take a device (or torch.load's map_location), by module.
+MORE_DEVICE_FUNCTIONS = {
+    "torch": {
+        **dict.fromkeys(("zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
+                         "randint_like", "normal", "from_file"), C_FUNCTION),
+        "load": "(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=None, **pickle_load_args)",
+        "get_device_module": "(device=None)",
+    },
+    "torch.nested": {"as_nested_tensor": "(ts, dtype=None, device=None, layout=None)"},
+}
+# Methods that take a device: Tensor's and Module's.
+DEVICE_METHODS = {
+    "Tensor": dict.fromkeys(("to", "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full",
+                             "new_tensor"), C_METHOD),
+    "Module": {"to": "(self, *args, **kwargs)", "to_empty": "(self, *, device, recurse=True)"},
+}
+# .cuda() is .npu().
+CUDA_METHODS = {"Tensor": {"cuda": C_METHOD}, "Module": {"cuda": "(self, device=None)"}}
+# Device-generic classes whose constructors take a device.
+DEVICE_CLASSES = {"Generator": "class (metaclass OpaqueBaseMeta)", "Stream": CLASS, "Event": CLASS}
+# torch.cuda's names that torch.npu provides, by kind: torch.cuda.<name> is torch.npu.<name>.
+CUDA_NAMES = {
+    "devices": {
+        "current_device": "()", "device_count": "()", "get_device_capability": "(device=None)",
+        "get_device_name": "(device=None)", "get_device_properties": "(device=None)", "init": "()",
+        "is_available": "()", "is_bf16_supported": "(including_emulation=True)", "is_initialized": "()",
+        "mem_get_info": "(device=None)", "set_device": "(device)", "synchronize": "(device=None)",
+        "device": CLASS, "device_of": CLASS,
+    },
+    "streams and events": {
+        "Stream": CLASS, "Event": CLASS, "StreamContext": CLASS, "current_stream": "(device=None)",
+        "default_stream": "(device=None)", "set_stream": "(stream)", "stream": "(stream)",
+    },
+    "memory": {
+        "empty_cache": "()", "max_memory_allocated": "(device=None)", "max_memory_reserved": "(device=None)",
+        "memory_allocated": "(device=None)", "memory_reserved": "(device=None)", "memory_stats": "(device=None)",
+        "memory_summary": "(device=None, abbreviated=False)", "reset_accumulated_memory_stats": "(device=None)",
+        "reset_max_memory_allocated": "(device=None)", "reset_peak_memory_stats": "(device=None)",
+    },
+    "random": {
+        "default_generators": "tuple", "get_rng_state": "(device='cuda')", "get_rng_state_all": "()",
+        "initial_seed": "()", "manual_seed": "(seed)", "manual_seed_all": "(seed)", "seed": "()", "seed_all": "()",
+        "set_rng_state": "(new_state, device='cuda')", "set_rng_state_all": "(new_states)",
+    },
+}
+# torch.cuda.amp's names that torch.npu.amp provides.
+CUDA_AMP_NAMES = {"autocast": CLASS, "GradScaler": CLASS, "custom_fwd": "(fwd=None, *, cast_inputs=None)",
+                  "custom_bwd": "(bwd)"}
+# The helper that reads a device's index, (its module, its name), and the modules
+# that use it (imported by name): torch.npu's functions and classes, torch.accelerator's.
+DEVICE_INDEX_HELPERS = {
+    ("torch_npu.npu._device", "_get_device_index", "(device, optional=True)"): (
+        "torch_npu.npu._device", "torch_npu.npu", "torch_npu.npu.memory", "torch_npu.npu.random",
+        "torch_npu.npu.streams"),
+    ("torch.accelerator._utils", "_get_device_index", "(device, optional=False)"): (
+        "torch.accelerator._utils", "torch.accelerator", "torch.accelerator.memory"),
+}
+
 # Code that asks torch.cuda about CUDA itself keeps CUDA's answers: torch.cuda's
 # own functions (they call one another through the module's namespace, where the
 # npu's now are), inductor (its cache key reads torch.cuda.get_device_properties(),
@@ -59,12 +137,20 @@ _MODULES_ASKING_ABOUT_CUDA = ("torch.cuda.", "torch._inductor.", "torch.utils._t
                               "torch._dynamo.device_interface.")
 
 
-def _patch(owner, name, value):
-    return _patches.patch(owner, name, value, GROUP)
+def _patch(owner, name, value, *, reason, expects):
+    return _patches.patch(owner, name, value, GROUP, reason=reason, checked=CHECKED, expects=expects)
 
 
-def _wrap(owner, name, make):
-    return _patches.wrap(owner, name, make, GROUP)
+def _wrap(owner, name, make, *, reason, expects):
+    return _patches.wrap(owner, name, make, GROUP, reason=reason, checked=CHECKED, expects=expects)
+
+
+def _module(name):
+    return importlib.import_module(name)
+
+
+def _owner(name):
+    return {"Tensor": torch.Tensor, "Module": torch.nn.Module}[name]
 
 
 def _to_npu(device):
@@ -88,36 +174,37 @@ def _redirect_devices(fn):
     # compiles to the same aten op (scripted code gives devices explicitly).
     builtin = torch.jit._builtins._find_builtin(fn)
     if builtin is not None:
-        _patch(torch.jit._builtins._get_builtin_table(), id(redirected), builtin)
+        _patch(torch.jit._builtins._get_builtin_table(), id(redirected), builtin, expects=_patches.ABSENT,
+               reason="TorchScript finds the aten op of a call by its function object in this table: the wrapper "
+                      "must compile to the op of the function it wraps")
     return redirected
+
+
+_CUDA_MEANS_NPU = "a script written for CUDA passes a cuda device here; PyTorch has no device alias, so the " \
+                  "callable is wrapped to map it to the npu"
 
 
 def _redirect_device_arguments():
     """Factories, ``to`` and the other callables that take a device take "cuda" to mean the npu.
     Returns the wrappers of PyTorch's device constructors."""
-    constructors = set(_pytorch_device_constructors())
+    _pytorch_device_constructors()   # PyTorch's cached set is filled now, with the functions, not the wrappers
     wrappers = []
-    for module in _CONSTRUCTOR_MODULES:
-        for name, value in list(vars(module).items()):
-            if _is_in(value, constructors):
-                wrappers.append(_wrap(module, name, _redirect_devices))
-    for name in _MORE_DEVICE_FUNCTIONS:
-        _wrap(torch, name, _redirect_devices)
-    for owner, names in _DEVICE_METHODS.items():
-        for name in names:
-            _wrap(owner, name, _redirect_devices)
+    for table in (DEVICE_CONSTRUCTORS, MORE_DEVICE_FUNCTIONS):
+        for module_name, names in table.items():
+            module = _module(module_name)
+            for name, expects in names.items():
+                wrapper = _wrap(module, name, _redirect_devices, reason=_CUDA_MEANS_NPU, expects=expects)
+                if table is DEVICE_CONSTRUCTORS:
+                    wrappers.append(wrapper)
+    for owner_name, names in DEVICE_METHODS.items():
+        for name, expects in names.items():
+            _wrap(_owner(owner_name), name, _redirect_devices, reason=_CUDA_MEANS_NPU, expects=expects)
     return wrappers
 
 
-def _is_in(value, functions):
-    try:
-        return value in functions
-    except TypeError:  # unhashable
-        return False
-
-
 def _pytorch_device_constructors():
-    # PyTorch's own function, its cache filled before any factory is wrapped: the original functions.
+    # PyTorch's own function, its cache filled before any factory is wrapped (the first call,
+    # in _redirect_device_arguments): the original functions.
     return _patches.original(torch.utils._device, "_device_constructors")()
 
 
@@ -132,7 +219,9 @@ def _device_context_means_the_npu(wrappers):
     def _device_constructors():
         return known
 
-    _patch(torch.utils._device, "_device_constructors", _device_constructors)
+    _patch(torch.utils._device, "_device_constructors", _device_constructors, expects="()",
+           reason="the device context recognises factories by their function objects: it must also know "
+                  "transfer_to_npu's wrappers of them")
 
     def mapping_the_device(init):
         @functools.wraps(init)
@@ -140,7 +229,8 @@ def _device_context_means_the_npu(wrappers):
             init(self, _to_npu(device))
         return __init__
 
-    _wrap(torch.utils._device.DeviceContext, "__init__", mapping_the_device)
+    _wrap(torch.utils._device.DeviceContext, "__init__", mapping_the_device, expects="(self, device)",
+          reason="with torch.device('cuda') / set_default_device('cuda') make the device context of the npu")
 
 
 def _cuda_method(npu_method):
@@ -152,27 +242,20 @@ def _cuda_method(npu_method):
 
 def _device_index_helpers_take_cuda():
     """torch.npu's functions and classes (torch.cuda's now) and torch.accelerator's that take a
-    device take a cuda device: each family finds a device's index with one helper."""
-    from torch_npu.npu import _device
-    import torch.accelerator._utils
+    device take a cuda device: each family finds a device's index with one helper, which the
+    modules of DEVICE_INDEX_HELPERS import by name."""
+    def taking_cuda(helper):
+        @functools.wraps(helper)
+        def _get_device_index(device, *args, **kwargs):
+            return helper(_to_npu(device), *args, **kwargs)
+        return _get_device_index
 
-    _helper_takes_cuda(_device, "_get_device_index", "torch_npu.")
-    _helper_takes_cuda(torch.accelerator._utils, "_get_device_index", "torch.accelerator.")
-
-
-def _helper_takes_cuda(home, name, package):
-    """``home.name`` and every copy of it imported by name into the modules of ``package``
-    map a cuda device to the npu first."""
-    helper = _patches.original(home, name)
-
-    @functools.wraps(helper)
-    def taking_cuda(device, *args, **kwargs):
-        return helper(_to_npu(device), *args, **kwargs)
-
-    for module in list(sys.modules.values()):
-        if ((getattr(module, "__name__", "") + ".").startswith(package)
-                and getattr(module, "__dict__", {}).get(name) is helper):
-            _patch(module, name, taking_cuda)
+    for (home, name, expects), users in DEVICE_INDEX_HELPERS.items():
+        replacement = taking_cuda(_patches.original(_module(home), name))
+        for user in users:
+            _patch(_module(user), name, replacement, expects=expects,
+                   reason="every function of the module that takes a device reads its index here: one change "
+                          "makes them all take a cuda device to mean the npu")
 
 
 def _class_taking_cuda(torch_class):
@@ -214,18 +297,19 @@ def _npu_for_scripts_cuda_for_pytorch(npu_function, cuda_function):
 
 
 def _redirect_torch_cuda():
-    """torch.cuda's public names that torch.npu has become torch.npu's (its functions
-    for all but the code that asks about CUDA itself)."""
-    for name in dir(torch.npu):
-        if name.startswith("_") or name in ("torch", "amp") or not hasattr(torch.cuda, name):
-            continue
-        npu_value = getattr(torch.npu, name)
-        if isinstance(npu_value, types.FunctionType):
-            _wrap(torch.cuda, name,
-                  lambda cuda_function, npu_function=npu_value:
-                  _npu_for_scripts_cuda_for_pytorch(npu_function, cuda_function))
-        else:
-            _wrap(torch.cuda, name, lambda _, npu_value=npu_value: npu_value)
+    """torch.cuda's names of CUDA_NAMES are torch.npu's (its functions for all but the code
+    that asks about CUDA itself)."""
+    reason = "a script written for CUDA calls torch.cuda for its device: torch.npu's answers are the npu's"
+    for names in CUDA_NAMES.values():
+        for name, expects in names.items():
+            npu_value = getattr(torch.npu, name)
+            if isinstance(npu_value, types.FunctionType):
+                _wrap(torch.cuda, name,
+                      lambda cuda_function, npu_function=npu_value:
+                      _npu_for_scripts_cuda_for_pytorch(npu_function, cuda_function),
+                      reason=reason, expects=expects)
+            else:
+                _wrap(torch.cuda, name, lambda _, npu_value=npu_value: npu_value, reason=reason, expects=expects)
 
 
 def _redirect_profiler_activities():
@@ -238,10 +322,16 @@ def _redirect_profiler_activities():
             original(self, *args, activities=activities, **kwargs)
         return __init__
 
-    _wrap(torch.profiler.profile, "__init__", mapping_cuda)
+    _wrap(torch.profiler.profile, "__init__", mapping_cuda,
+          expects="(self, *, activities=None, schedule=None, on_trace_ready=None, record_shapes=False, "
+                  "profile_memory=False, with_stack=False, with_flops=False, with_modules=False, "
+                  "experimental_config=None, execution_trace_observer=None, acc_events=False, use_cuda=None, "
+                  "custom_trace_id_callback=None, post_processing_timeout_s=None)",
+          reason="ProfilerActivity.CUDA asks for CUDA's activities, which torch.profiler has no way to alias: "
+                 "it is mapped to PrivateUse1, the npu's")
 
 
-def _redirect_device_type_argument(cls, default=None):
+def _redirect_device_type_argument(cls, expects, default=None):
     """``cls(device_type, ...)`` with "cuda" means "npu" (autocast, GradScaler); with
     no device given, ``default`` (when set) is passed."""
     def mapping_cuda(original):
@@ -258,14 +348,21 @@ def _redirect_device_type_argument(cls, default=None):
             original(self, *args, **kwargs)
         return __init__
 
-    _wrap(cls, "__init__", mapping_cuda)
+    _wrap(cls, "__init__", mapping_cuda, expects=expects,
+          reason="torch.autocast('cuda') / GradScaler('cuda') select CUDA's mixed precision by device type: "
+                 "a script written for CUDA means the npu's")
 
 
 def _redirect_amp():
-    _redirect_device_type_argument(torch.amp.autocast_mode.autocast)
-    _redirect_device_type_argument(torch.amp.GradScaler, default="npu")   # GradScaler()'s default is "cuda"
-    for name in ("autocast", "GradScaler", "custom_fwd", "custom_bwd"):
-        _patch(torch.cuda.amp, name, getattr(torch.npu.amp, name))
+    _redirect_device_type_argument(torch.amp.autocast_mode.autocast,
+                                   "(self, device_type, dtype=None, enabled=True, cache_enabled=None)")
+    _redirect_device_type_argument(    # GradScaler()'s default is "cuda"
+        torch.amp.GradScaler, "(self, device='cuda', init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5, "
+                              "growth_interval=2000, enabled=True)", default="npu")
+    for name, expects in CUDA_AMP_NAMES.items():
+        _patch(torch.cuda.amp, name, getattr(torch.npu.amp, name), expects=expects,
+               reason="torch.cuda.amp's autocast and GradScaler are CUDA's: a script written for CUDA means the "
+                      "npu's")
 
 
 def _to_hccl(backend):
@@ -281,13 +378,23 @@ def _to_hccl(backend):
     return ",".join(pairs)
 
 
+_GROUP_FUNCTIONS = {   # (the position of backend, what the function looks like)
+    "init_process_group": (0, "(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, store=None, "
+                              "group_name='', pg_options=None, device_id=None, _ranks=None)"),
+    "new_group": (2, "(ranks=None, timeout=None, backend=None, pg_options=None, use_local_synchronization=False, "
+                     "group_desc=None, device_id=None, sort_ranks=True)"),
+}
+
+
 def _redirect_nccl():
     import torch.distributed as dist
     if not dist.is_available():
         return
     import torch_npu.distributed
     c10d = dist.distributed_c10d
-    for name, position in (("init_process_group", 0), ("new_group", 2)):
+    reason = "a script written for CUDA asks for the 'nccl' backend and binds groups to cuda devices: it means " \
+             "the npu's 'hccl'"
+    for name, (position, expects) in _GROUP_FUNCTIONS.items():
         def mapping_nccl(original, position=position):
             @functools.wraps(original)
             def redirected(*args, **kwargs):
@@ -300,21 +407,30 @@ def _redirect_nccl():
                 return original(*args, **kwargs)
             return redirected
 
-        wrapper = _wrap(c10d, name, mapping_nccl)
-        _patch(dist, name, wrapper)
-    _patch(dist, "is_nccl_available", lambda: True)
+        wrapper = _wrap(c10d, name, mapping_nccl, reason=reason, expects=expects)
+        _patch(dist, name, wrapper, reason=reason, expects=expects)
+    _patch(dist, "is_nccl_available", lambda: True, expects="()",
+           reason="scripts written for CUDA check for NCCL before asking for it; 'nccl' means the npu's 'hccl'")
     # NCCL's backend class: isinstance() checks, Options, construction.
-    _patch(dist, "ProcessGroupNCCL", torch_npu.distributed.ProcessGroupHCCL)
-    _wrap(dist.ProcessGroup, "_get_backend", _redirect_devices)   # pg._get_backend(torch.device("cuda"))
+    _patch(dist, "ProcessGroupNCCL", torch_npu.distributed.ProcessGroupHCCL, expects=_patches.ABSENT,
+           reason="scripts written for CUDA construct and isinstance-check NCCL's backend class, which a CPU "
+                  "build of torch lacks: the npu's backend class stands for it")
+    _wrap(dist.ProcessGroup, "_get_backend", _redirect_devices,   # pg._get_backend(torch.device("cuda"))
+          expects="instancemethod",
+          reason="a group's backend is looked up by device type: the cuda one is the npu's")
 
 
 def apply():
     """Installs the redirections (done at import; calling it again is harmless)."""
     _device_context_means_the_npu(_redirect_device_arguments())
-    _wrap(torch.Tensor, "cuda", lambda _: _cuda_method(torch.Tensor.npu))
-    _wrap(torch.nn.Module, "cuda", lambda _: _cuda_method(torch.nn.Module.npu))
-    for name in ("Generator", "Stream", "Event"):
-        _wrap(torch, name, _class_taking_cuda)
+    for owner_name, names in CUDA_METHODS.items():
+        owner = _owner(owner_name)
+        for name, expects in names.items():
+            _wrap(owner, name, lambda _, owner=owner: _cuda_method(owner.npu), expects=expects,
+                  reason=".cuda() moves to CUDA, which a script written for CUDA means as the npu: it is .npu()")
+    for name, expects in DEVICE_CLASSES.items():
+        _wrap(torch, name, _class_taking_cuda, expects=expects,
+              reason="the constructor is C++ and takes no device alias: a stand-in subclass maps cuda to the npu")
     _device_index_helpers_take_cuda()
     _redirect_torch_cuda()
     _redirect_profiler_activities()

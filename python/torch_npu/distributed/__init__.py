@@ -109,7 +109,12 @@ def _default_to_the_npu_backend():
             return pg, prefix_store
         return _new_process_group_helper
 
-    _patches.wrap(dist.distributed_c10d, "_new_process_group_helper", marking_the_default, "distributed")
+    _patches.wrap(dist.distributed_c10d, "_new_process_group_helper", marking_the_default, "distributed",
+                  checked=("2.13",),
+                  expects="(group_size, group_rank, global_ranks_in_group, backend, store, group_name, "
+                          "backend_options=None, timeout=None, pg_tag=None, device_id=None, group_desc=None)",
+                  reason="c10d marks a group's default backend only for NCCL or Gloo (a plugin's upper-case key "
+                         "never matches), so a group of the npu's backend warns at teardown that it has none")
 
 
 def _register():

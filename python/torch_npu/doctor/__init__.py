@@ -157,10 +157,11 @@ class Doctor:
         handle = register_optimizer_step_post_hook(after_step)
         self._undo.append(handle.remove)
 
-    def _patch(self, owner, name, wrapper):
+    def _patch(self, owner, name, wrapper, *, expects, reason):
         """``owner.name = wrapper(its value)`` until this Doctor stops; returns that value."""
         original = getattr(owner, name)
-        _patches.patch(owner, name, wrapper(original), self._group)
+        _patches.patch(owner, name, wrapper(original), self._group, reason=reason, checked=("2.13",),
+                       expects=expects)
         return original
 
     def _watch_host_syncs(self):
@@ -182,12 +183,13 @@ class Doctor:
             return wrap
 
         npu = torch.npu
-        self._patch(npu, "synchronize", counted("synchronize"))
+        why = "the doctor counts the host's waits for the npu, which no hook of PyTorch's reports"
+        self._patch(npu, "synchronize", counted("synchronize"), expects="(device=None)", reason=why)
         if torch.cuda.synchronize is not _patches.original(torch.cuda, "synchronize"):
             # transfer_to_npu made it the npu's (a wrapper): the script's calls are counted too
-            self._patch(torch.cuda, "synchronize", counted("synchronize"))
-        self._patch(npu.Stream, "synchronize", counted("synchronize"))
-        self._patch(npu.Event, "synchronize", counted("synchronize"))
+            self._patch(torch.cuda, "synchronize", counted("synchronize"), expects="(device=None)", reason=why)
+        self._patch(npu.Stream, "synchronize", counted("synchronize"), expects="method_descriptor", reason=why)
+        self._patch(npu.Event, "synchronize", counted("synchronize"), expects="method_descriptor", reason=why)
 
         def watch_repr(fn):
             @functools.wraps(fn)
@@ -197,7 +199,9 @@ class Doctor:
                 return fn(tensor, *args, **kwargs)
             return __repr__
 
-        self._patch(torch.Tensor, "__repr__", watch_repr)
+        self._patch(torch.Tensor, "__repr__", watch_repr, expects="(self, *, tensor_contents=None)",
+                    reason="printing an npu tensor waits for the npu to read its values; the doctor counts that "
+                           "wait, which no hook of PyTorch's reports")
 
     # ---- the profiler window ----
 

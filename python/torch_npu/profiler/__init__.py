@@ -84,7 +84,9 @@ def _install_aliases():
         for alias, name in _NPU_ALIASES.items():
             if not hasattr(cls, alias):
                 _patches.patch(cls, alias, property(functools.partial(lambda self, n: getattr(self, n), n=name)),
-                               GROUP)
+                               GROUP, checked=("2.13",), expects=_patches.ABSENT,
+                               reason="PyTorch names its device columns device_*; scripts and sort_by keys written "
+                                      "for the npu use npu_* names, which PyTorch has no way to alias")
 
 
 def _profile_npu_through_kineto():
@@ -102,7 +104,14 @@ def _profile_npu_through_kineto():
             original(self, *args, **kwargs)
         return __init__
 
-    _patches.wrap(_autograd_profiler.profile, "__init__", defaulting_to_kineto, GROUP)  # once per process
+    _patches.wrap(_autograd_profiler.profile, "__init__", defaulting_to_kineto, GROUP,  # once per process
+                  checked=("2.13",),
+                  expects="(self, enabled=True, *, use_cuda=False, use_device=None, record_shapes=False, "
+                          "with_flops=False, profile_memory=False, with_stack=False, with_modules=False, "
+                          "use_kineto=False, use_cpu=True, experimental_config=None, acc_events=False, "
+                          "custom_trace_id_callback=None, post_processing_timeout_s=None, activity_filters=None)",
+                  reason="the legacy profiler defaults to use_kineto=False, which times a PrivateUse1 device "
+                         "with events per op; use_device='npu' should see the npu's Kineto activities")
 
 
 _install_aliases()
