@@ -1,17 +1,51 @@
-"""Builds torch_npu._C against the installed torch (use --no-build-isolation)."""
+"""Builds torch_npu._C against the installed torch (use --no-build-isolation).
+
+csrc/runtime (the HAL and the emulated NPU: plain C++17, no torch) is built by
+its own CMake file into a static, position-independent library, the one its
+GoogleTest suite tests (same sources, same flags; build/runtime-ext, tests
+off), and linked into the extension. The rest of csrc is compiled here.
+"""
 import glob
 import os
+import subprocess
 
+import torch
 import torch.utils.cpp_extension as cpp_extension
 
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+RUNTIME_SOURCE_DIR = os.path.join(ROOT, "csrc", "runtime")
+RUNTIME_BUILD_DIR = os.path.join(ROOT, "build", "runtime-ext")
+RUNTIME_LIBRARY = os.path.join(RUNTIME_BUILD_DIR, "libnpu_runtime.a")
+
 SOURCES = sorted(
     os.path.relpath(path, ROOT)
     for path in glob.glob(os.path.join(ROOT, "csrc", "**", "*.cpp"), recursive=True)
+    if os.path.commonpath([path, RUNTIME_SOURCE_DIR]) != RUNTIME_SOURCE_DIR
 )
+
+
+def build_runtime():
+    """Configures (cheap when nothing changed) and builds libnpu_runtime.a, incrementally."""
+    # Release: the flags of `make runtime-test` (the library's own -O2 -Wall -Wextra,
+    # hidden visibility, PIC). The one addition is torch's libstdc++ ABI, which must
+    # match across the link (the compiler's default for a torch built with the new ABI).
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    configure = ["cmake", "-S", RUNTIME_SOURCE_DIR, "-B", RUNTIME_BUILD_DIR, "-DCMAKE_BUILD_TYPE=Release",
+                 "-DNPU_RUNTIME_TESTS=OFF", f"-DCMAKE_CXX_FLAGS=-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+    if cpp_extension.is_ninja_available():  # BuildExtension needs it too
+        configure += ["-G", "Ninja"]
+    subprocess.check_call(configure, stdout=subprocess.DEVNULL)
+    subprocess.check_call(["cmake", "--build", RUNTIME_BUILD_DIR, "-j", os.environ.get("MAX_JOBS", "2")])
+
+
+class BuildExtensionWithRuntime(BuildExtension.with_options(use_ninja=True)):
+    def run(self):
+        build_runtime()  # first: the extension depends on the library (relinked when it changes)
+        super().run()
+
 
 setup(
     ext_modules=[
@@ -28,8 +62,10 @@ setup(
             extra_compile_args={"cxx": ["-O2", "-g0", "-std=c++20", "-fvisibility=hidden", "-fopenmp",
                                         "-fno-trapping-math", "-DUSE_KINETO"]},
             include_dirs=[os.path.join(path, "kineto") for path in cpp_extension.include_paths()[:1]],
+            extra_objects=[RUNTIME_LIBRARY],
+            depends=[RUNTIME_LIBRARY],
             extra_link_args=["-fopenmp"],
         )
     ],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildExtensionWithRuntime},
 )

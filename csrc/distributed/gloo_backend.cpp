@@ -27,7 +27,7 @@ bool stagingForced() {
 }
 
 bool hostAddressable(const at::Tensor& t) {
-  return runtime::hal().device(t.device().index()).hostAddressable();
+  return runtime::hal().device(t.device().index()).capabilities().host_addressable;
 }
 
 // A cpu tensor for Gloo: the same memory (and storage, kept alive) under a

@@ -62,6 +62,54 @@ int32_t currentThreadId() {
   return id;
 }
 
+const char* copyName(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::HostToDevice: return "Memcpy HtoD";
+    case CopyKind::DeviceToHost: return "Memcpy DtoH";
+    case CopyKind::DeviceToDevice: break;
+  }
+  return "Memcpy DtoD";
+}
+
+void LaunchStamp::stampNow() {
+  traced = true;
+  correlation = currentCorrelation();  // of the op launching it, on this thread
+  host_thread = currentThreadId();
+  launch_ns = nowNs();
+}
+
+void recordExecution(const LaunchStamp& stamp, ActivityKind kind, const char* name, int device, int64_t stream,
+                     int64_t start_ns, int64_t end_ns, std::size_t bytes, CopyKind copy_kind) {
+  if (!stamp.traced || !enabled()) return;
+  Activity activity;
+  activity.kind = kind;
+  activity.name = name;
+  activity.device = device;
+  activity.stream = stream;
+  activity.correlation = stamp.correlation;
+  activity.host_thread = stamp.host_thread;
+  activity.launch_ns = stamp.launch_ns;
+  activity.start_ns = start_ns;
+  activity.end_ns = end_ns;
+  activity.bytes = bytes;
+  activity.copy_kind = copy_kind;
+  record(activity);
+}
+
+void recordHostWait(const char* name, int device, int64_t stream, int64_t start_ns) {
+  if (start_ns == 0 || !enabled()) return;
+  Activity activity;
+  activity.kind = ActivityKind::Synchronize;
+  activity.name = name;
+  activity.device = device;
+  activity.stream = stream;
+  activity.correlation = currentCorrelation();
+  activity.host_thread = currentThreadId();
+  activity.start_ns = start_ns;
+  activity.end_ns = nowNs();
+  record(activity);
+}
+
 Scope::Scope(ActivityKind kind, const char* name, int device, int64_t stream, std::size_t bytes, CopyKind copy_kind)
     : active_(enabled()) {
   if (!active_) return;

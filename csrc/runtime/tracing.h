@@ -62,6 +62,44 @@ int64_t nowNs();
 // The calling thread's id as the OS (and the profiler's trace) numbers it.
 int32_t currentThreadId();
 
+// ---- For HAL implementations: the profiling duty of hal.h ----------------------
+
+// The names of host waits that the trace and torch_npu.profiler.analyse know.
+constexpr const char* kStreamSynchronize = "npuStreamSynchronize";  // Stream::synchronize() / drain() that blocked
+constexpr const char* kStreamWait = "npuStreamWait";                // Stream::acquire() behind queued work
+// The name of a copy's Memcpy activity: "Memcpy HtoD", "Memcpy DtoH" or "Memcpy DtoD".
+const char* copyName(CopyKind kind);
+
+// The launching thread's half of an activity, stamped by launch() and copy() on
+// that thread and kept with the queued work until it runs.
+struct LaunchStamp {
+  bool traced = false;       // tracing was on at the launch
+  uint64_t correlation = 0;  // the launching thread's current correlation id
+  int32_t host_thread = 0;
+  int64_t launch_ns = 0;
+  // One relaxed load when tracing is off.
+  static LaunchStamp now() {
+    LaunchStamp stamp;
+    if (enabled()) stamp.stampNow();
+    return stamp;
+  }
+
+ private:
+  void stampNow();
+};
+
+// Records work a HAL executed from `start_ns` to `end_ns` (its Kernel or
+// Memcpy activity), launched as `stamp` says; nothing when the launch was not
+// traced or tracing has stopped since.
+void recordExecution(const LaunchStamp& stamp, ActivityKind kind, const char* name, int device, int64_t stream,
+                     int64_t start_ns, int64_t end_ns, std::size_t bytes = 0,
+                     CopyKind copy_kind = CopyKind::DeviceToDevice);
+// Records a host wait of the calling thread for `stream` (a Synchronize
+// activity) that began at `start_ns` and ends now; nothing when tracing is off.
+// A HAL reads nowNs() before it blocks only when enabled() and passes 0
+// otherwise: a start of 0 records nothing.
+void recordHostWait(const char* name, int device, int64_t stream, int64_t start_ns);
+
 // Records the span of a scope as one activity (when tracing is on at entry).
 class Scope {
  public:

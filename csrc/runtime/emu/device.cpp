@@ -69,6 +69,16 @@ bool EmuDevice::owns(const void* ptr) const {
   return p < it->first + it->second;
 }
 
+Capabilities EmuDevice::capabilities() const {
+  Capabilities caps;
+  caps.host_addressable = true;
+  caps.async_streams = !config_.blocking;  // NPU_LAUNCH_BLOCKING completes every launch before it returns
+  caps.multiple_streams = true;
+  caps.timing_events = true;
+  caps.stream_priorities = false;
+  return caps;
+}
+
 void EmuDevice::memoryInfo(std::size_t* free, std::size_t* total) const {
   std::lock_guard<std::mutex> lock(memory_mutex_);
   *free = properties_.total_memory - used_;
@@ -150,5 +160,9 @@ void* EmuHal::hostAllocate(std::size_t n) {
 }
 
 void EmuHal::hostFree(void* ptr) { std::free(ptr); }
+
+void registerEmulator() {
+  registerHal("emu", kHalApiVersion, [] { return std::make_unique<EmuHal>(); });
+}
 
 }  // namespace npu::runtime::emu

@@ -22,8 +22,9 @@ class EmuDevice final : public Device {
   void free(void* ptr) override;
   bool owns(const void* ptr) const override;
   void memoryInfo(std::size_t* free, std::size_t* total) const override;
-  // The emulated device's memory is host memory.
-  bool hostAddressable() const override { return true; }
+  // Host-addressable: the emulated device's memory is host memory. Priorities
+  // are kept but do not schedule.
+  Capabilities capabilities() const override;
 
   Stream& defaultStream() override;
   Stream& createStream(int priority) override;
@@ -60,5 +61,9 @@ class EmuHal final : public Hal {
  private:
   std::vector<std::unique_ptr<EmuDevice>> devices_;
 };
+
+// Registers the emulator as "emu" (the default, kDefaultHal): EmuHal() from the environment.
+// Called by registerBuiltinHals() (builtin_hals.cpp).
+void registerEmulator();
 
 }  // namespace npu::runtime::emu

@@ -63,42 +63,19 @@ void EmuStream::recordFailure(const char* name, uint64_t index, std::exception_p
 }
 
 void EmuStream::run(Task& task) {
-  tracing::Activity activity;
-  const bool traced = task.traced != Traced::No && tracing::enabled();
-  if (traced) activity.start_ns = tracing::nowNs();
+  const bool traced = task.stamp.traced && tracing::enabled();
+  const int64_t start_ns = traced ? tracing::nowNs() : 0;
   try {
     task.kernel();
   } catch (...) {
     recordFailure(task.name, task.index, std::current_exception());
   }
   task.kernel = nullptr;  // release what the kernel captured on this thread
+  // Timed where it executed: on the caller's thread or on the worker.
   if (traced) {
-    // Timed where it executed: on the caller's thread or on the worker.
-    activity.end_ns = tracing::nowNs();
-    activity.kind = task.traced == Traced::Memcpy ? tracing::ActivityKind::Memcpy : tracing::ActivityKind::Kernel;
-    activity.name = task.name;
-    activity.device = device_;
-    activity.stream = id_;
-    activity.correlation = task.correlation;
-    activity.host_thread = task.host_thread;
-    activity.launch_ns = task.launch_ns;
-    activity.bytes = task.bytes;
-    activity.copy_kind = task.copy_kind;
-    tracing::record(activity);
+    tracing::recordExecution(task.stamp, task.kind, task.name, device_, id_, start_ns, tracing::nowNs(), task.bytes,
+                             task.copy_kind);
   }
-}
-
-void EmuStream::traceWait(const char* name, int64_t start_ns) {
-  tracing::Activity activity;
-  activity.kind = tracing::ActivityKind::Synchronize;
-  activity.name = name;
-  activity.device = device_;
-  activity.stream = id_;
-  activity.correlation = tracing::currentCorrelation();
-  activity.host_thread = tracing::currentThreadId();
-  activity.start_ns = start_ns;
-  activity.end_ns = tracing::nowNs();
-  tracing::record(activity);
 }
 
 bool EmuStream::heldByCallerLocked() const {
@@ -136,16 +113,9 @@ void EmuStream::finishInlineLocked() {
 
 void EmuStream::launch(const char* name, Kernel kernel, std::size_t bytes) {
   Task task{name, std::move(kernel)};
-  if (tracing::enabled()) stampLaunch(task, Traced::Kernel, bytes);
-  submit(std::move(task), bytes);
-}
-
-void EmuStream::stampLaunch(Task& task, Traced kind, std::size_t bytes) {
-  task.traced = kind;
-  task.correlation = tracing::currentCorrelation();  // of the op launching it, on this thread
-  task.host_thread = tracing::currentThreadId();
-  task.launch_ns = tracing::nowNs();
+  task.stamp = tracing::LaunchStamp::now();
   task.bytes = bytes;
+  submit(std::move(task), bytes);
 }
 
 void EmuStream::launchMarker(const char* name, Kernel kernel) { submit(Task{name, std::move(kernel)}, 0); }
@@ -237,7 +207,7 @@ void EmuStream::acquire() {
   drained_.wait(lock, [&] { return hold_depth_ > 0 && holder_ == me; });
   lock.unlock();
   // The host waited for the device: host code that needs the stream's results.
-  if (start != 0) traceWait("npuStreamWait", start);
+  tracing::recordHostWait(tracing::kStreamWait, device_, id_, start);
 }
 
 void EmuStream::release() {
@@ -292,23 +262,14 @@ void EmuStream::workerLoop() {
   }
 }
 
-static const char* copyName(CopyKind kind) {
-  switch (kind) {
-    case CopyKind::HostToDevice: return "Memcpy HtoD";
-    case CopyKind::DeviceToHost: return "Memcpy DtoH";
-    case CopyKind::DeviceToDevice: break;
-  }
-  return "Memcpy DtoD";
-}
-
 void EmuStream::copy(void* dst, const void* src, std::size_t n, CopyKind kind) {
   // Every kind is a memcpy: the emulated device memory is host memory.
   if (n == 0) return;
-  Task task{copyName(kind), [dst, src, n] { std::memcpy(dst, src, n); }};
-  if (tracing::enabled()) {
-    stampLaunch(task, Traced::Memcpy, n);
-    task.copy_kind = kind;
-  }
+  Task task{tracing::copyName(kind), [dst, src, n] { std::memcpy(dst, src, n); }};
+  task.stamp = tracing::LaunchStamp::now();
+  task.kind = tracing::ActivityKind::Memcpy;
+  task.bytes = n;
+  task.copy_kind = kind;
   submit(std::move(task), n);
 }
 
@@ -319,7 +280,7 @@ void EmuStream::drain() {
   const int64_t start = tracing::enabled() ? tracing::nowNs() : 0;
   drained_.wait(lock, [this] { return queue_.empty() && !busy_; });
   lock.unlock();
-  if (start != 0) traceWait("npuStreamSynchronize", start);
+  tracing::recordHostWait(tracing::kStreamSynchronize, device_, id_, start);
 }
 
 void EmuStream::synchronize() {

@@ -2,6 +2,8 @@
 // thread per stream. A kernel launched on an idle stream runs on the caller's
 // thread (same order, same error semantics): on a small host that is faster
 // than a hand-off, see benchmarks/. NPU_EMU_ALWAYS_ENQUEUE=1 turns that off.
+// The launch policy (LaunchConfig) and heldByCaller() are the emulator's own;
+// everything else here implements the contract of hal.h.
 #pragma once
 
 #include <atomic>
@@ -39,7 +41,9 @@ class EmuStream final : public Stream {
   void copy(void* dst, const void* src, std::size_t n, CopyKind kind) override;
   void acquire() override;
   void release() override;
-  bool heldByCaller() const override;
+  // Whether the calling thread holds the stream (acquire()); the emulator's
+  // own: the layers above track their holds themselves.
+  bool heldByCaller() const;
   void synchronize() override;
   void drain() override;
   bool query() override;
@@ -59,8 +63,6 @@ class EmuStream final : public Stream {
   void adoptFailure(const std::shared_ptr<KernelFailure>& failure);
 
  private:
-  // What a task is, for the activity trace (tracing.h): markers are not traced.
-  enum class Traced { Kernel, Memcpy, No };
   struct Task {
     Task() = default;
     Task(const char* n, Kernel k, uint64_t i = 0) : name(n), kernel(std::move(k)), index(i) {}
@@ -69,20 +71,16 @@ class EmuStream final : public Stream {
     uint64_t index = 0;        // position among the stream's launches (0: none)
     bool hold = false;         // not a kernel: hands the stream to `holder`
     std::thread::id holder;
-    // Stamped at launch while tracing is on: the launching thread's correlation id.
-    Traced traced = Traced::No;
-    uint64_t correlation = 0;
-    int32_t host_thread = 0;
-    int64_t launch_ns = 0;
+    // For the activity trace (tracing.h): stamped at launch while tracing is
+    // on; event markers are never stamped, so never traced.
+    tracing::LaunchStamp stamp;
+    tracing::ActivityKind kind = tracing::ActivityKind::Kernel;  // or Memcpy
     std::size_t bytes = 0;
     CopyKind copy_kind = CopyKind::DeviceToDevice;
   };
   void run(Task& task);  // executes one kernel, keeping its error
-  static void stampLaunch(Task& task, Traced kind, std::size_t bytes);
   // launch() for kernels, copies and event markers alike.
   void submit(Task task, std::size_t bytes);
-  // Records a host wait for this stream that lasted from `start_ns` until now.
-  void traceWait(const char* name, int64_t start_ns);
   void recordFailure(const char* name, uint64_t index, std::exception_ptr error);
   void enqueueLocked(Task task);
   void waitForSpaceLocked(std::unique_lock<std::mutex>& lock);

@@ -1,0 +1,38 @@
+// The HALs this test binary adds to the registry, so that the conformance
+// suite runs on them as well as on the built-in emulator ("emu"):
+//   "minimal"     the suite's own second implementation (minimal_hal.h),
+//   "emu_queued"  the emulator with every kernel queued to its stream's worker
+//                 (NPU_EMU_ALWAYS_ENQUEUE=1), so the suite covers both of its
+//                 launch policies.
+// A registrar object: this file is linked into the executable itself, so it
+// runs (the same object inside a static library would be dropped).
+#include <cstdlib>
+#include <memory>
+
+#include "conformance.h"
+#include "emu/config.h"
+#include "emu/device.h"
+#include "minimal_hal.h"
+
+namespace npu::runtime::testing {
+
+namespace {
+const bool kRegistered = [] {
+  // The emulator's conformance runs get two devices of 64 MiB unless the
+  // environment says otherwise (the multi-device tests need two).
+  ::setenv("NPU_EMU_DEVICES", "2", /*overwrite=*/0);
+  ::setenv("NPU_EMU_MEMORY", "64MiB", /*overwrite=*/0);
+  registerHal("minimal", kHalApiVersion, [] { return minimal::makeMinimalHal(); });
+  registerHal("emu_queued", kHalApiVersion, [] {
+    emu::LaunchConfig config = emu::LaunchConfig::fromEnvironment();
+    config.always_enqueue = true;
+    return std::make_unique<emu::EmuHal>(static_cast<int>(emu::envInt("NPU_EMU_DEVICES", 1, 0, 64)),
+                                         emu::envBytes("NPU_EMU_MEMORY", std::size_t(4) << 30), config);
+  });
+  return true;
+}();
+}  // namespace
+
+std::vector<std::string> conformanceTargets() { return registeredHals(); }
+
+}  // namespace npu::runtime::testing

@@ -1,0 +1,27 @@
+// A second, minimal implementation of the HAL (hal.h), written from the
+// contract alone, so that the conformance suite shows it tests the contract
+// and not the emulator. Unlike the emulator:
+//   - device memory the host never touches (host_addressable = false): the
+//     addresses it hands out lie in a reservation the host cannot access
+//     (PROT_NONE, a fault on any load or store); the bytes live elsewhere and
+//     only Stream::copy reaches them;
+//   - one worker thread per stream, started by the stream's first work: every
+//     kernel, copy and event marker runs there, never on the caller's thread
+//     (the holder's own work excepted); runIfIdle() keeps the contract's
+//     default (false);
+//   - events with timing, holds, positions, errors and the profiling duty as
+//     hal.h states them; NPU_LAUNCH_BLOCKING=1 is honoured.
+// It is registered as "minimal" by conformance_hals.cpp.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "hal.h"
+
+namespace npu::runtime::minimal {
+
+// `devices` devices of `capacity` bytes each; reads NPU_LAUNCH_BLOCKING.
+std::unique_ptr<Hal> makeMinimalHal(int devices = 2, std::size_t capacity = std::size_t(32) << 20);
+
+}  // namespace npu::runtime::minimal
