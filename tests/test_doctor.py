@@ -49,6 +49,7 @@ def traps_run(tmp_path_factory):
     return result.stdout, report, out / "report.html"
 
 
+@pytest.mark.host_timing   # launch_bound: ops under 50 us of host time
 def test_every_planted_trap_is_found_at_its_line(traps_run):
     _, report, _ = traps_run
     found = {(f["line"], f["kind"]) for f in report["findings"] if f["file"] and f["file"].endswith("traps.py")}
@@ -66,6 +67,7 @@ def test_no_finding_is_a_false_alarm(traps_run):
         assert planted.get(f["line"]) == f["kind"], f"unplanted finding: {f['kind']} at {f['file']}:{f['line']}"
 
 
+@pytest.mark.host_timing
 def test_findings_carry_cost_count_code_and_remedy(traps_run):
     stdout, report, _ = traps_run
     by_kind = {}

@@ -541,6 +541,8 @@ def test_fallback_mode_is_parsed_the_same_from_python_and_the_environment(run_py
     ("NPU_EMU_DEVICES", "99999999999999999999", "NPU_EMU_DEVICES='99999999999999999999' is out of range"),
     ("NPU_EMU_DEVICES", "two", "is not an integer"),
     ("NPU_EMU_ALWAYS_ENQUEUE", "maybe", "is not a switch"),
+    ("NPU_EMU_PROTECT", "perhaps", "is not a switch"),
+    ("NPU_HAL", "bogus", "NPU_HAL='bogus' is not a registered HAL; registered: emu"),
     ("NPU_FALLBACK_OPS", "exp,isn", "did you mean"),
     ("NPU_FALLBACK_ON_ERROR", "sure", "is not a switch"),
 ])

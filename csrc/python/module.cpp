@@ -47,7 +47,7 @@ void bindRuntime(py::module_& m) {
   m.def("_synchronize", [](int64_t d) { npu::synchronizeDevice(npu::toDeviceIndex(d)); },
         py::call_guard<py::gil_scoped_release>());
   m.def("_hal_name", [] { return npu::runtime::hal().name(); });
-  // A bad NPU_EMU_* / NPU_LAUNCH_BLOCKING value, or "" (checked at import).
+  // A bad NPU_HAL / NPU_EMU_* / NPU_LAUNCH_BLOCKING value, or "" (checked at import).
   m.def("_runtime_environment_error", []() -> std::string {
     try {
       npu::runtime::hal();
@@ -85,6 +85,17 @@ void bindRuntime(py::module_& m) {
     npu::launch(npu::toDeviceIndex(d), "npu._launch_failing_kernel",
                 [message] { throw std::runtime_error(message); }, 0);
   });
+  // The HAL's capabilities of a device (hal.h), as a dict.
+  m.def("_device_capabilities", [](int64_t d) {
+    const auto caps = npu::runtimeDevice(npu::toDeviceIndex(d)).capabilities();
+    py::dict out;
+    out["host_addressable"] = caps.host_addressable;
+    out["async_streams"] = caps.async_streams;
+    out["multiple_streams"] = caps.multiple_streams;
+    out["timing_events"] = caps.timing_events;
+    out["stream_priorities"] = caps.stream_priorities;
+    return out;
+  });
   m.def("_mem_get_info", [](int64_t d) {
     std::size_t free = 0, total = 0;
     npu::runtimeDevice(npu::toDeviceIndex(d)).memoryInfo(&free, &total);
@@ -107,12 +118,18 @@ void bindStreams(py::module_& m) {
   });
   m.def("_stream_priority", [](int64_t id, int64_t d) { return npu::runtimeStream(unpackStream(id, d)).priority(); });
   m.def("_set_stream", [](int64_t id, int64_t d) { npu::exchangeStream(unpackStream(id, d)); });
-  // Compiled code (inductor's C++ kernels) runs on the calling thread, on memory the
-  // host can address: before each kernel it waits for the work queued to the current
-  // stream, so the kernel runs in stream order. Cheap when the stream is idle.
-  m.def("_wait_current_stream", [](int64_t d) {
-    npu::synchronizeStream(npu::currentStream(npu::toDeviceIndex(d)), "compiled kernel launch");
-  }, py::call_guard<py::gil_scoped_release>());
+  // Compiled code (inductor's C++ kernels) runs on the calling thread as work of the
+  // current stream: it holds the stream (after the work queued before it, before what
+  // other threads launch meanwhile; device memory is the device's to use then), calls
+  // the kernel, and lets go. Cheap when the stream is idle.
+  m.def("_run_in_stream_order", [](int64_t d, py::function kernel, py::args args) {
+    std::optional<npu::StreamHold> hold;
+    {
+      py::gil_scoped_release no_gil;  // the stream may first finish queued work
+      hold.emplace(npu::toDeviceIndex(d), "compiled kernel launch");
+    }
+    return kernel(*args);
+  });
 }
 
 void bindMemory(py::module_& m) {

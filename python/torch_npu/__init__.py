@@ -21,7 +21,7 @@ from . import _C, _patches  # noqa: E402
 _patches.record_host_allocator_redirect()  # _C wrapped the process's CPU allocator as it loaded
 
 _environment_problem = _C._runtime_environment_error()
-if _environment_problem:  # a bad NPU_EMU_* value: say so now, not at the first npu call
+if _environment_problem:  # a bad NPU_HAL or NPU_EMU_* value: say so now, not at the first npu call
     raise RuntimeError(f"torch_npu: {_environment_problem}")
 
 if torch._C._get_privateuse1_backend_name() != "npu":

@@ -3,7 +3,9 @@
 //   "minimal"     the suite's own second implementation (minimal_hal.h),
 //   "emu_queued"  the emulator with every kernel queued to its stream's worker
 //                 (NPU_EMU_ALWAYS_ENQUEUE=1), so the suite covers both of its
-//                 launch policies.
+//                 launch policies,
+//   "emu_protected" the emulator whose memory the host cannot touch outside
+//                 device work (NPU_EMU_PROTECT=1): a host access faults.
 // A registrar object: this file is linked into the executable itself, so it
 // runs (the same object inside a static library would be dropped).
 #include <cstdlib>
@@ -23,12 +25,16 @@ const bool kRegistered = [] {
   ::setenv("NPU_EMU_DEVICES", "2", /*overwrite=*/0);
   ::setenv("NPU_EMU_MEMORY", "64MiB", /*overwrite=*/0);
   registerHal("minimal", kHalApiVersion, [] { return minimal::makeMinimalHal(); });
-  registerHal("emu_queued", kHalApiVersion, [] {
-    emu::LaunchConfig config = emu::LaunchConfig::fromEnvironment();
-    config.always_enqueue = true;
-    return std::make_unique<emu::EmuHal>(static_cast<int>(emu::envInt("NPU_EMU_DEVICES", 1, 0, 64)),
-                                         emu::envBytes("NPU_EMU_MEMORY", std::size_t(4) << 30), config);
-  });
+  auto emulator = [](auto adjust) {
+    return [adjust] {
+      emu::LaunchConfig config = emu::LaunchConfig::fromEnvironment();
+      adjust(config);
+      return std::make_unique<emu::EmuHal>(static_cast<int>(emu::envInt("NPU_EMU_DEVICES", 1, 0, 64)),
+                                           emu::envBytes("NPU_EMU_MEMORY", std::size_t(4) << 30), config);
+    };
+  };
+  registerHal("emu_queued", kHalApiVersion, emulator([](emu::LaunchConfig& c) { c.always_enqueue = true; }));
+  registerHal("emu_protected", kHalApiVersion, emulator([](emu::LaunchConfig& c) { c.protect = true; }));
   return true;
 }();
 }  // namespace

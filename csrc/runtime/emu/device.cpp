@@ -12,6 +12,7 @@ namespace npu::runtime::emu {
 
 namespace {
 constexpr std::size_t kAlignment = 64;  // a cache line; what vectorised kernels want
+constexpr std::size_t kPage = 4096;
 constexpr std::size_t kDefaultCapacity = std::size_t(4) << 30;
 
 std::size_t roundUp(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
@@ -22,6 +23,7 @@ EmuDevice::EmuDevice(int index, std::size_t capacity, const LaunchConfig& config
   properties_.name = "Emulated NPU";
   properties_.total_memory = capacity;
   properties_.compute_units = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (config_.protect) arena_ = std::make_unique<ProtectedArena>(capacity);
   streams_.push_back(std::make_unique<EmuStream>(index, 0, 0, config_));
   default_stream_ = streams_.front().get();
 }
@@ -29,13 +31,14 @@ EmuDevice::EmuDevice(int index, std::size_t capacity, const LaunchConfig& config
 void* EmuDevice::allocate(std::size_t n) {
   // Past the capacity anyway; also keeps roundUp from wrapping to 0 near SIZE_MAX.
   if (n > properties_.total_memory || n > std::numeric_limits<std::size_t>::max() - kAlignment) return nullptr;
-  const std::size_t size = roundUp(std::max<std::size_t>(n, 1), kAlignment);
+  // Protected memory is handed out (and opened, closed, released) in whole pages.
+  const std::size_t size = roundUp(std::max<std::size_t>(n, 1), arena_ ? kPage : kAlignment);
   {
     std::lock_guard<std::mutex> lock(memory_mutex_);
     if (size > properties_.total_memory - used_) return nullptr;
     used_ += size;
   }
-  void* ptr = std::aligned_alloc(kAlignment, size);
+  void* ptr = arena_ ? arena_->allocate(size) : std::aligned_alloc(kAlignment, size);
   std::lock_guard<std::mutex> lock(memory_mutex_);
   if (ptr == nullptr) {
     used_ -= size;
@@ -55,9 +58,10 @@ void EmuDevice::free(void* ptr) {
                                   ": free of a pointer this device did not allocate");
     }
     used_ -= it->second;
+    if (arena_) arena_->free(ptr, it->second);
     allocations_.erase(it);
   }
-  std::free(ptr);
+  if (!arena_) std::free(ptr);
 }
 
 bool EmuDevice::owns(const void* ptr) const {
@@ -71,7 +75,7 @@ bool EmuDevice::owns(const void* ptr) const {
 
 Capabilities EmuDevice::capabilities() const {
   Capabilities caps;
-  caps.host_addressable = true;
+  caps.host_addressable = !config_.protect;  // NPU_EMU_PROTECT: as a discrete device
   caps.async_streams = !config_.blocking;  // NPU_LAUNCH_BLOCKING completes every launch before it returns
   caps.multiple_streams = true;
   caps.timing_events = true;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../hal.h"
+#include "protection.h"
 #include "stream.h"
 
 namespace npu::runtime::emu {
@@ -42,6 +43,7 @@ class EmuDevice final : public Device {
   mutable std::mutex memory_mutex_;
   std::map<const char*, std::size_t> allocations_;  // base -> size, ordered for owns()
   std::size_t used_ = 0;
+  std::unique_ptr<ProtectedArena> arena_;  // NPU_EMU_PROTECT: the memory, closed to the host
 
   mutable std::mutex streams_mutex_;
   std::vector<std::unique_ptr<EmuStream>> streams_;  // index == stream id

@@ -1,8 +1,10 @@
 #include "stream.h"
 
 #include <cstring>
+#include <optional>
 
 #include "config.h"
+#include "protection.h"
 
 namespace npu::runtime::emu {
 
@@ -28,6 +30,7 @@ LaunchConfig LaunchConfig::fromEnvironment() {
   config.blocking = envFlag("NPU_LAUNCH_BLOCKING");
   config.always_enqueue = envFlag("NPU_EMU_ALWAYS_ENQUEUE");
   config.inline_bytes = envBytes("NPU_EMU_INLINE_BYTES", std::size_t(1) << 62);
+  config.protect = envFlag("NPU_EMU_PROTECT");
   return config;
 }
 
@@ -63,6 +66,16 @@ void EmuStream::recordFailure(const char* name, uint64_t index, std::exception_p
 }
 
 void EmuStream::run(Task& task) {
+  // Device memory is open while the device works on it (NPU_EMU_PROTECT); opening
+  // it is the emulator's cost, not the kernel's, so it is not in the kernel's time.
+  std::optional<DeviceWork> work;
+  try {
+    work.emplace(config_.protect);
+  } catch (...) {
+    recordFailure(task.name, task.index, std::current_exception());
+    task.kernel = nullptr;
+    return;
+  }
   const bool traced = task.stamp.traced && tracing::enabled();
   const int64_t start_ns = traced ? tracing::nowNs() : 0;
   try {
@@ -155,6 +168,7 @@ void EmuStream::submit(Task task, std::size_t bytes) {
 bool EmuStream::runIfIdle(const char* name, KernelRef kernel, std::size_t bytes) {
   if (config_.blocking) {
     synchronize();
+    DeviceWork work(config_.protect);
     tracing::Scope traced(tracing::ActivityKind::Kernel, name, device_, id_, bytes);
     kernel();
     return true;
@@ -163,7 +177,7 @@ bool EmuStream::runIfIdle(const char* name, KernelRef kernel, std::size_t bytes)
   if (heldByCallerLocked()) {
     lock.unlock();
     tracing::Scope traced(tracing::ActivityKind::Kernel, name, device_, id_, bytes);
-    kernel();
+    kernel();  // (the hold keeps device memory open)
     return true;
   }
   if (config_.always_enqueue || busy_ || !queue_.empty() || bytes > config_.inline_bytes) return false;
@@ -171,6 +185,7 @@ bool EmuStream::runIfIdle(const char* name, KernelRef kernel, std::size_t bytes)
   launched_.fetch_add(1, std::memory_order_acq_rel);
   lock.unlock();
   try {
+    DeviceWork work(config_.protect);
     tracing::Scope traced(tracing::ActivityKind::Kernel, name, device_, id_, bytes);
     kernel();
   } catch (...) {
@@ -194,6 +209,7 @@ void EmuStream::acquire() {
     busy_ = true;
     holder_ = me;
     hold_depth_ = 1;
+    if (config_.protect) DeviceWork::begin();  // host code in stream order works as the device
     return;
   }
   // Behind the work already queued: the worker hands the stream over when it
@@ -205,6 +221,7 @@ void EmuStream::acquire() {
   enqueueLocked(std::move(hold));
   const int64_t start = tracing::enabled() ? tracing::nowNs() : 0;
   drained_.wait(lock, [&] { return hold_depth_ > 0 && holder_ == me; });
+  if (config_.protect) DeviceWork::begin();
   lock.unlock();
   // The host waited for the device: host code that needs the stream's results.
   tracing::recordHostWait(tracing::kStreamWait, device_, id_, start);
@@ -214,6 +231,7 @@ void EmuStream::release() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!heldByCallerLocked()) return;
   if (--hold_depth_ > 0) return;
+  if (config_.protect) DeviceWork::end();
   holder_ = std::thread::id();
   busy_ = false;
   if (queue_.empty()) {

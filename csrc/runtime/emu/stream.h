@@ -23,6 +23,7 @@ struct LaunchConfig {
   bool blocking = false;        // NPU_LAUNCH_BLOCKING: run and check every kernel at launch
   bool always_enqueue = false;  // NPU_EMU_ALWAYS_ENQUEUE: never run on the caller's thread
   std::size_t inline_bytes = 0; // kernels touching more than this are always queued
+  bool protect = false;         // NPU_EMU_PROTECT: device memory closed to the host (protection.h)
   static LaunchConfig fromEnvironment();
 };
 

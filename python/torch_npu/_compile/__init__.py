@@ -7,10 +7,13 @@ and inductor are heavy, so the registrations happen when PyTorch loads them
 (``install()`` puts import hooks in place):
 
 * ``torch._dynamo.device_interface``: the npu's ``DeviceInterface``;
-* inductor's backend registration reads ``torch.npu.Scheduling``,
-  ``PythonWrapperCodegen``, ``CppWrapperCodegen`` and ``WrapperFxCodegen``
-  (``torch_npu.npu.__getattr__`` loads them from ``_codegen``), which also
-  teaches inductor that the npu is served by its C++ backend.
+* ``torch._inductor.compile_fx``: ``_codegen.register_backend()`` registers the
+  npu's scheduling and wrappers (``register_backend_for_device``, with a pass whose
+  uuid versions inductor's cache, so code cached by another torch_npu is never
+  loaded) and teaches inductor that the npu is served by its C++ backend.
+  Inductor's own registration, which reads ``torch.npu.Scheduling`` and the
+  wrappers (``torch_npu.npu.__getattr__`` loads them from ``_codegen``), finds them
+  too when it runs first.
 
 ``torch.compile(model, backend="npu")`` (``backend.py``) adds graph passes that
 put the fused npu ops in place of their compositions; ``torch_npu.compile``
@@ -28,9 +31,11 @@ import sys
 
 GROUP = "compile"   # the torch_npu._patches group of every change made here
 
-_HOOKED = {
-    "torch._dynamo.device_interface": "torch_npu._compile._device_interface",
-    "torch._dynamo.backends.registry": "torch_npu._compile.backend",
+_HOOKED = {  # PyTorch's module -> (ours, the function to run once it executed)
+    "torch._dynamo.device_interface": ("torch_npu._compile._device_interface", "register"),
+    "torch._dynamo.backends.registry": ("torch_npu._compile.backend", "register"),
+    # Before inductor compiles (and computes a cache key) anything.
+    "torch._inductor.compile_fx": ("torch_npu._compile._codegen", "register_backend"),
 }
 
 
@@ -54,16 +59,21 @@ class _RegisterAfterImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             original(module)
-            importlib.import_module(ours).register()
+            _run(ours)
 
         loader.exec_module = exec_module
         return spec
 
 
+def _run(ours):
+    module, function = ours
+    getattr(importlib.import_module(module), function)()
+
+
 def install():
-    """Registers the npu with dynamo now if it is loaded, else when it loads."""
+    """Registers the npu with dynamo and inductor now if they are loaded, else when they load."""
     for theirs, ours in _HOOKED.items():
         if theirs in sys.modules:
-            importlib.import_module(ours).register()
+            _run(ours)
     if not any(isinstance(f, _RegisterAfterImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _RegisterAfterImport())

@@ -3,9 +3,10 @@
 The emulated npu's memory is host memory, so the kernels inductor's C++ backend
 writes for the CPU run on npu tensors as they are. What differs from the CPU is
 order: eager npu work is queued to a stream, while a generated kernel runs on the
-thread that calls it. So before each kernel the wrapper waits for the current
-stream (``_C._wait_current_stream``; an idle stream costs a check), and the work
-queued after it is ordered behind it because it was launched later.
+thread that calls it. So each kernel runs as work of the current stream
+(``_C._run_in_stream_order``: it holds the stream while the kernel runs, after the
+work queued before it; an idle stream costs a check), and the work queued after it
+is ordered behind it because it was launched later.
 
 Loaded by inductor's backend registration through ``torch.npu.Scheduling`` etc.
 (``register()`` runs on first access), which also teaches inductor, at each place
@@ -16,12 +17,15 @@ Those changes to inductor's modules, classes and table of lowerings go through
 """
 import contextlib
 import functools
+import hashlib
+import pathlib
 import sys
 import threading
 
 import sympy
 
 import torch
+from torch._inductor.custom_graph_pass import CustomGraphModulePass
 from torch._inductor import ir as _ir
 from torch._inductor import lowering as _lowering
 from torch._inductor import scheduler as _scheduler
@@ -40,8 +44,8 @@ from . import GROUP
 
 _CPU = torch.device("cpu")
 
-# The C++ kernels take the stream they run after from here.
-_WAIT = "torch_npu._C._wait_current_stream"
+# The C++ kernels run as work of the current stream through this: in stream order.
+_RUN = "torch_npu._C._run_in_stream_order"
 
 Scheduling = CppScheduling
 
@@ -56,8 +60,9 @@ class _StreamOrdered:
     def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
         device = device or V.graph.get_current_device_or_throw()
         if not triton and device.type == "npu":
-            self.writeline(f"{_WAIT}({device.index if device.index is not None else -1})")
-            device = _CPU
+            index = device.index if device.index is not None else -1
+            return super()._generate_kernel_call_helper(_RUN, [str(index), kernel_name, *call_args], device=_CPU,
+                                                        triton=triton, **kwargs)
         return super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
 
 
@@ -316,6 +321,28 @@ def _layout():
                   expects="staticmethod (gm, *, is_inference)",
                   reason="inductor may lay convolution graphs out channels-last by GPU heuristics; the npu's "
                          "convolution returns contiguous results, so that only adds copies")
+
+
+class _CodegenVersion(CustomGraphModulePass):
+    """The npu's pass over its graphs in inductor's post-grad passes: none, but its uuid
+    enters inductor's cache keys, so code cached by another version of this module
+    (its source differs) is never loaded for the npu."""
+
+    _uuid = hashlib.sha256(pathlib.Path(__file__).read_bytes()).hexdigest()
+
+    def __call__(self, gm):
+        pass
+
+    def uuid(self):
+        return self._uuid
+
+
+def register_backend():
+    """Registers the npu's scheduling and wrappers with inductor (its official
+    ``register_backend_for_device``), with the pass whose uuid versions its cache."""
+    _common.register_backend_for_device("npu", Scheduling, NpuWrapperCodegen, NpuCppWrapperCodegen,
+                                        WrapperFxCodegen, device_custom_pass=_CodegenVersion())
+    register()
 
 
 @functools.cache
