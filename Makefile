@@ -9,13 +9,15 @@ export MAX_JOBS ?= 2
 
 .PHONY: demo test build pytest pytest-always-enqueue pytest-protected runtime-test runtime-sanitize bench clean system-deps
 
-# Debian packages: GoogleTest for runtime/ tests, ccache for rebuilds.
+# Debian packages: GoogleTest for runtime/ tests, ccache for rebuilds, CMake and
+# Ninja for the runtime library (csrc/runtime), which the extension links too.
 system-deps:
-	@if [ ! -e /usr/include/gtest/gtest.h ] || ! command -v ccache >/dev/null; then \
+	@if [ ! -e /usr/include/gtest/gtest.h ] || ! command -v ccache >/dev/null || ! command -v cmake >/dev/null \
+	    || ! command -v ninja >/dev/null; then \
 	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
-	    (apt-get update -qq && apt-get install -y -qq libgtest-dev ccache >/dev/null) || \
-	      echo "warning: could not install libgtest-dev/ccache"; \
-	  else echo "warning: install libgtest-dev and ccache (apt-get) for the C++ tests"; fi; \
+	    (apt-get update -qq && apt-get install -y -qq libgtest-dev ccache cmake ninja-build >/dev/null) || \
+	      echo "warning: could not install libgtest-dev/ccache/cmake/ninja-build"; \
+	  else echo "warning: install libgtest-dev, ccache, cmake and ninja-build (apt-get) to build and test"; fi; \
 	fi
 
 $(VENV)/.deps: Makefile
@@ -67,7 +69,9 @@ pytest-always-enqueue: build
 # host timing are left out (the memory gate adds to every op's host time).
 PROTECTED_TESTS := tests/test_models.py tests/test_real_models.py tests/test_streams.py tests/test_copy.py \
 	tests/test_stream_semantics.py tests/test_memory.py tests/test_compile.py tests/test_distributed.py \
-	tests/test_doctor.py tests/test_checkpoint.py tests/test_custom_ops.py tests/test_fused_ops.py tests/test_protected.py
+	tests/test_doctor.py tests/test_checkpoint.py tests/test_custom_ops.py tests/test_fused_ops.py \
+	tests/test_fallback.py tests/test_ops.py tests/test_mixed_arguments.py tests/test_contracts.py \
+	tests/test_profiler.py tests/test_protected.py
 pytest-protected: build
 	NPU_EMU_PROTECT=1 $(PY) -m pytest -q -m "not host_timing" $(PROTECTED_TESTS)
 

@@ -7,6 +7,8 @@ off), and linked into the extension. The rest of csrc is compiled here.
 """
 import glob
 import os
+import re
+import shutil
 import subprocess
 
 import torch
@@ -32,13 +34,30 @@ def build_runtime():
     # Release: the flags of `make runtime-test` (the library's own -O2 -Wall -Wextra,
     # hidden visibility, PIC). The one addition is torch's libstdc++ ABI, which must
     # match across the link (the compiler's default for a torch built with the new ABI).
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise SystemExit("torch_npu: building the runtime library (csrc/runtime) needs CMake: install it "
+                         "(apt-get install cmake, or pip install cmake) and build again; `make demo` does it")
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    configure = ["cmake", "-S", RUNTIME_SOURCE_DIR, "-B", RUNTIME_BUILD_DIR, "-DCMAKE_BUILD_TYPE=Release",
+    configure = [cmake, "-S", RUNTIME_SOURCE_DIR, "-B", RUNTIME_BUILD_DIR, "-DCMAKE_BUILD_TYPE=Release",
                  "-DNPU_RUNTIME_TESTS=OFF", f"-DCMAKE_CXX_FLAGS=-D_GLIBCXX_USE_CXX11_ABI={abi}"]
-    if cpp_extension.is_ninja_available():  # BuildExtension needs it too
-        configure += ["-G", "Ninja"]
+    generator = _configured_generator()
+    if generator is None and cpp_extension.is_ninja_available():  # BuildExtension needs it too
+        generator = "Ninja"
+    if generator is not None:  # a build folder keeps the generator it was configured with
+        configure += ["-G", generator]
     subprocess.check_call(configure, stdout=subprocess.DEVNULL)
-    subprocess.check_call(["cmake", "--build", RUNTIME_BUILD_DIR, "-j", os.environ.get("MAX_JOBS", "2")])
+    subprocess.check_call([cmake, "--build", RUNTIME_BUILD_DIR, "-j", os.environ.get("MAX_JOBS", "2")])
+
+
+def _configured_generator():
+    """The generator build/runtime-ext was configured with, if it was."""
+    try:
+        with open(os.path.join(RUNTIME_BUILD_DIR, "CMakeCache.txt")) as cache:
+            found = re.search(r"^CMAKE_GENERATOR:INTERNAL=(.*)$", cache.read(), re.MULTILINE)
+    except OSError:
+        return None
+    return found.group(1) if found else None
 
 
 class BuildExtensionWithRuntime(BuildExtension.with_options(use_ninja=True)):

@@ -46,6 +46,11 @@ x = torch.randn(64, 32)
 n = x.npu()
 out = {}
 out["kernel"] = torch.equal((n * 2 + 1).cpu(), x * 2 + 1)
+out["strided copies"] = torch.equal(n.t().cpu(), x.t()) and torch.equal(n[:, ::3].double().cpu(), x[:, ::3].double())
+strided = torch.zeros(32, 64, device="npu").t()
+strided.copy_(torch.arange(64.).unsqueeze(1))            # a broadcast host source into a strided npu view
+out["copy into a view"] = torch.equal(strided.cpu(), torch.arange(64.).unsqueeze(1).expand(64, 32))
+out["dtype on the way"] = torch.equal(torch.ones(3, dtype=torch.int64).to("npu", torch.float16).cpu(), torch.ones(3).half())
 out["host-executed"] = torch.equal(n[n > 0].cpu(), x[x > 0]) and torch.equal(torch.cat([n, n]).cpu(), torch.cat([x, x]))
 out["item"] = (n.sum() - x.sum()).abs().item() < 1e-3
 out["pinned"] = torch.equal(x.pin_memory().to("npu", non_blocking=True).cpu(), x)

@@ -1,5 +1,6 @@
 #include "copy.h"
 
+#include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
 
 #include "device.h"
@@ -21,6 +22,52 @@ void waitForDevice(c10::DeviceIndex device, const char* where) {
   synchronizeStream(currentStream(device), where);
 }
 
+// A stream-ordered copy of `n` bytes that has completed when this returns (the
+// host memory may be pageable): waits for the copy alone, not for what other
+// threads queue after it, and raises an earlier kernel's error.
+void copyAndWait(c10::DeviceIndex device, void* dst, const void* src, std::size_t n, runtime::CopyKind kind,
+                 const char* where) {
+  auto& stream = currentRuntimeStream(device);
+  auto done = runtimeDevice(device).createEvent(false);
+  translateRuntimeErrors(where, [&] {
+    stream.copy(dst, src, n, kind);
+    done->record(stream);
+    done->synchronize();
+  });
+}
+
+// Host to a device whose memory the host cannot address: the host data is
+// brought into dst's dtype and shape (broadcast, conjugation resolved) on the
+// host, then a stream copy moves it; a strided dst gets it through a
+// contiguous device buffer and a device-side copy.
+void copyHostToOpaqueDevice(at::Tensor& dst, const at::Tensor& src) {
+  const auto device = dst.device().index();
+  const at::Tensor staged =
+      src.resolve_conj().resolve_neg().to(dst.scalar_type()).expand(dst.sizes()).contiguous();
+  if (isPlainCopy(dst, staged)) {
+    copyAndWait(device, dst.mutable_data_ptr(), staged.const_data_ptr(), bytesOf(staged),
+                runtime::CopyKind::HostToDevice, "copy to npu");
+    return;
+  }
+  at::Tensor buffer = at::empty(dst.sizes(), dst.options().memory_format(c10::MemoryFormat::Contiguous));
+  copyAndWait(device, buffer.mutable_data_ptr(), staged.const_data_ptr(), bytesOf(staged),
+              runtime::CopyKind::HostToDevice, "copy to npu");
+  dst.copy_(buffer);  // on the device
+}
+
+// A device whose memory the host cannot address, to the host: the device makes
+// a contiguous copy when src is strided (or lazily conjugated), a stream copy
+// brings it over, and the host converts into dst.
+void copyOpaqueDeviceToHost(at::Tensor& dst, const at::Tensor& src) {
+  const auto device = src.device().index();
+  const at::Tensor dense = src.resolve_conj().resolve_neg().contiguous();  // on the device
+  const bool direct = isPlainCopy(dst, dense);
+  at::Tensor host = direct ? dst : at::empty(dense.sizes(), dense.options().device(c10::kCPU));
+  copyAndWait(device, host.mutable_data_ptr(), dense.const_data_ptr(), bytesOf(dense),
+              runtime::CopyKind::DeviceToHost, "copy from npu to cpu");
+  if (!direct) dst.copy_(host);
+}
+
 void copyHostToDevice(at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
   const auto device = dst.device().index();
   c10::DeviceGuard guard(dst.device());
@@ -29,6 +76,10 @@ void copyHostToDevice(at::Tensor& dst, const at::Tensor& src, bool non_blocking)
     // Stream-ordered: the pinned block is kept alive until the copy ran.
     stream.copy(dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src), runtime::CopyKind::HostToDevice);
     recordPinnedUse(src.const_data_ptr(), stream);
+    return;
+  }
+  if (!hostAddressable(device)) {
+    copyHostToOpaqueDevice(dst, src);
     return;
   }
   // Pageable memory may be freed as soon as we return: copy now, in stream
@@ -46,6 +97,10 @@ void copyDeviceToHost(at::Tensor& dst, const at::Tensor& src, bool non_blocking)
     auto& stream = currentRuntimeStream(device);
     stream.copy(dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src), runtime::CopyKind::DeviceToHost);
     recordPinnedUse(dst.const_data_ptr(), stream);
+    return;
+  }
+  if (!hostAddressable(device)) {
+    copyOpaqueDeviceToHost(dst, src);
     return;
   }
   StreamHold hold(device, "copy from npu to cpu");

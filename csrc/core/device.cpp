@@ -100,6 +100,14 @@ runtime::Device& runtimeDevice(c10::DeviceIndex index) {
   return runtime::hal().device(index);
 }
 
+bool hostAddressable(c10::DeviceIndex index) { return runtimeDevice(index).capabilities().host_addressable; }
+
+void checkTimingEvents(c10::DeviceIndex index, const char* what) {
+  TORCH_CHECK(runtimeDevice(index).capabilities().timing_events, what, ": the events of npu:",
+              static_cast<int>(index), " cannot measure time (its HAL, ", runtime::hal().name(),
+              ", lacks the timing_events capability)");
+}
+
 void synchronizeDevice(c10::DeviceIndex index) {
   auto& device = runtimeDevice(resolveDevice(index));
   translateRuntimeErrors("torch.npu.synchronize()", [&] { device.synchronize(); });

@@ -37,6 +37,11 @@ c10::DeviceIndex resolveDevice(c10::DeviceIndex index);
 runtime::Device& runtimeDevice(c10::DeviceIndex index);
 // Waits for every stream of the device; raises a failed kernel's error.
 void synchronizeDevice(c10::DeviceIndex index);
+// Whether host code may use the device's memory in place (its HAL's
+// host_addressable capability); else data crosses only through stream copies.
+bool hostAddressable(c10::DeviceIndex index);
+// Raises, naming `what`, when the device's events cannot time (timing_events).
+void checkTimingEvents(c10::DeviceIndex index, const char* what);
 
 // The dtypes the device's kernels compute in (the op library declares them at
 // registration; others take the CPU fallback): what

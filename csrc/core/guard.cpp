@@ -97,6 +97,7 @@ struct NPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   double elapsedTime(void* start, void* end, c10::DeviceIndex /*device*/) const override {
     TORCH_CHECK(start != nullptr && end != nullptr,
                 "elapsed_time: both events must be recorded first (event.record())");
+    checkTimingEvents(asEvent(start).device(), "Event.elapsed_time()");
     return translateRuntimeErrors("Event.elapsed_time()", [&] { return asEvent(start).elapsedMs(asEvent(end)); });
   }
   void destroyEvent(void* event, c10::DeviceIndex /*device*/) const noexcept override {

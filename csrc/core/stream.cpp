@@ -45,6 +45,9 @@ c10::Stream defaultStream(c10::DeviceIndex device) {
 c10::Stream streamFromPool(c10::DeviceIndex device, bool high_priority) {
   device = resolveDevice(device);
   auto& rt = runtimeDevice(device);
+  TORCH_CHECK(rt.capabilities().multiple_streams, "torch.npu.Stream(): npu:", static_cast<int>(device),
+              " has only its default stream (its HAL, ", runtime::hal().name(), ", lacks the multiple_streams "
+              "capability); use torch.npu.default_stream()");
   auto& pool = g_pools[device];
   std::call_once(pool.created, [&] {
     for (int i = 0; i < kPoolSize; ++i) {

@@ -228,6 +228,7 @@ class NpuProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
                 const torch::profiler::impl::ProfilerVoidEventStub* end) const override {
     auto* a = static_cast<runtime::Event*>(start->get());
     auto* b = static_cast<runtime::Event*>(end->get());
+    checkTimingEvents(static_cast<c10::DeviceIndex>(a->device()), "the legacy profiler (use_kineto=False)");
     a->synchronize();
     b->synchronize();
     return static_cast<float>(a->elapsedMs(*b) * 1000.0);  // microseconds

@@ -121,13 +121,11 @@ void bindStreams(py::module_& m) {
   // Compiled code (inductor's C++ kernels) runs on the calling thread as work of the
   // current stream: it holds the stream (after the work queued before it, before what
   // other threads launch meanwhile; device memory is the device's to use then), calls
-  // the kernel, and lets go. Cheap when the stream is idle.
+  // the kernel, and lets go. Cheap when the stream is idle. The GIL is kept
+  // throughout, as by every op that runs on the host: a holder must never wait for
+  // the GIL, or a thread that has it and waits for the stream would wait forever.
   m.def("_run_in_stream_order", [](int64_t d, py::function kernel, py::args args) {
-    std::optional<npu::StreamHold> hold;
-    {
-      py::gil_scoped_release no_gil;  // the stream may first finish queued work
-      hold.emplace(npu::toDeviceIndex(d), "compiled kernel launch");
-    }
+    npu::StreamHold hold(npu::toDeviceIndex(d), "compiled kernel launch");
     return kernel(*args);
   });
 }

@@ -93,9 +93,11 @@ def custom_op(name: str) -> Optional[CustomOp]:
     namespace, which it reads as aten's, may be a custom op's too.
     """
     try:
-        qualified, _overload = _C._canonical_op_name(name)
+        qualified, overload = _C._canonical_op_name(name)
     except RuntimeError:  # text that is no operator name ("", "::"): no op of ours
         return None
+    if overload not in ("", "default"):
+        return None  # a custom op has one overload, the default
     namespace, _, short = qualified.partition("::")
     explicit = "::" in name or name.strip().startswith("torch.ops.")
     if namespace == NAMESPACE or (namespace == "aten" and not explicit):

@@ -8,9 +8,10 @@ is changed now. A group names the feature that asked ("transfer_to_npu",
 TorchScript's table of builtins): ``name`` is then a key.
 
 Changes that are not Python attribute replacements (the CPU allocator wrapper
-``torch_npu._C`` installs when it loads, a per-thread switch of autograd's
-engine) are entries too, made with :func:`record`: a name, and an undo callable
-where one exists.
+``torch_npu._C`` installs when it loads) and private PyTorch objects torch_npu
+relies on (the autograd engine's ``run_backward``, which the exit drain calls)
+are entries too, made with :func:`record`: a name, and an undo callable where
+one exists.
 
 Every entry says why PyTorch's own object is not good enough (``reason``, one
 line), which torch versions it was checked against (``checked``, ``("2.13",)``),

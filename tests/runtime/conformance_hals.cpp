@@ -1,6 +1,8 @@
 // The HALs this test binary adds to the registry, so that the conformance
 // suite runs on them as well as on the built-in emulator ("emu"):
 //   "minimal"     the suite's own second implementation (minimal_hal.h),
+//   "minimal_basic" the same without the optional capabilities (one stream per
+//                 device, events that cannot time): the suite's skips run,
 //   "emu_queued"  the emulator with every kernel queued to its stream's worker
 //                 (NPU_EMU_ALWAYS_ENQUEUE=1), so the suite covers both of its
 //                 launch policies,
@@ -25,6 +27,7 @@ const bool kRegistered = [] {
   ::setenv("NPU_EMU_DEVICES", "2", /*overwrite=*/0);
   ::setenv("NPU_EMU_MEMORY", "64MiB", /*overwrite=*/0);
   registerHal("minimal", kHalApiVersion, [] { return minimal::makeMinimalHal(); });
+  registerHal("minimal_basic", kHalApiVersion, [] { return minimal::makeMinimalHal(2, std::size_t(32) << 20, false); });
   auto emulator = [](auto adjust) {
     return [adjust] {
       emu::LaunchConfig config = emu::LaunchConfig::fromEnvironment();

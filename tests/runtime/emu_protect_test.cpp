@@ -4,6 +4,7 @@
 // message naming the mode.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -77,6 +78,29 @@ TEST(EmuProtectDeathTest, AHostAccessOutsideDeviceWorkFaults) {
   device.defaultStream().launch("fill", [memory] { memory[0] = 1; });
   device.synchronize();
   EXPECT_DEATH({ (void)memory[0]; }, "the host touched npu memory at 0x[0-9a-f]+ outside a kernel");
+  device.free(const_cast<int*>(memory));
+}
+
+// The gate closes again after every way device work ends: a hold the worker
+// handed over (acquire on a busy stream), kernels on two streams, event markers.
+TEST(EmuProtectDeathTest, TheMemoryClosesAfterHoldsAndWorkOnSeveralStreams) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto hal = protectedHal(testing::asyncConfig());
+  auto& device = hal->device(0);
+  auto& first = device.defaultStream();
+  auto& second = device.createStream(0);
+  auto* memory = static_cast<volatile int*>(device.allocate(4096));
+  first.launch("sleep", [] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); });
+  first.acquire();  // behind the sleep: handed over by the worker
+  memory[0] = 7;
+  first.release();
+  auto event = device.createEvent(false);
+  first.launch("write", [memory] { memory[1] = 8; });
+  event->record(first);
+  second.wait(*event);
+  second.launch("read", [memory] { memory[2] = memory[1]; });
+  device.synchronize();
+  EXPECT_DEATH({ (void)memory[2]; }, "the host touched npu memory at 0x[0-9a-f]+ outside a kernel");
   device.free(const_cast<int*>(memory));
 }
 

@@ -417,7 +417,8 @@ class MinimalStream final : public Stream {
 
 class MinimalEvent final : public Event {
  public:
-  MinimalEvent(int device, bool timing) : device_(device), timing_(timing) {}
+  MinimalEvent(int device, bool timing, bool timing_supported)
+      : device_(device), timing_(timing), timing_supported_(timing_supported) {}
 
   void record(Stream& stream) override {
     auto* recorder = dynamic_cast<MinimalStream*>(&stream);
@@ -451,6 +452,7 @@ class MinimalEvent final : public Event {
   int device() const override { return device_; }
 
   double elapsedMs(Event& end_event) override {
+    if (!timing_supported_) return Event::elapsedMs(end_event);  // the HAL's default: not supported
     auto* end = dynamic_cast<MinimalEvent*>(&end_event);
     if (end == nullptr) throw std::invalid_argument("minimal HAL: elapsed time between events of two HALs");
     if (!timing_ || !end->timing_) throw std::logic_error("elapsed time needs two events created with timing");
@@ -480,6 +482,7 @@ class MinimalEvent final : public Event {
  private:
   const int device_;
   const bool timing_;
+  const bool timing_supported_;  // the timing_events capability
   mutable std::mutex mutex_;
   std::shared_ptr<Mark> mark_;
 };
@@ -506,8 +509,8 @@ void MinimalStream::wait(Event& event) {
 
 class MinimalDevice final : public Device {
  public:
-  MinimalDevice(int index, std::size_t capacity, bool blocking)
-      : index_(index), blocking_(blocking), arena_(capacity) {
+  MinimalDevice(int index, std::size_t capacity, bool blocking, bool optional_methods)
+      : index_(index), blocking_(blocking), optional_methods_(optional_methods), arena_(capacity) {
     properties_.name = "Minimal NPU (tests/runtime/minimal_hal)";
     properties_.total_memory = capacity;
     properties_.compute_units = 1;
@@ -521,8 +524,8 @@ class MinimalDevice final : public Device {
     Capabilities caps;
     caps.host_addressable = false;
     caps.async_streams = !blocking_;
-    caps.multiple_streams = true;
-    caps.timing_events = true;
+    caps.multiple_streams = optional_methods_;
+    caps.timing_events = optional_methods_;
     caps.stream_priorities = false;
     return caps;
   }
@@ -539,6 +542,7 @@ class MinimalDevice final : public Device {
 
   Stream& defaultStream() override { return *default_stream_; }
   Stream& createStream(int priority) override {
+    if (!optional_methods_) return Device::createStream(priority);  // the HAL's default: not supported
     std::lock_guard<std::mutex> lock(streams_mutex_);
     const auto id = static_cast<int64_t>(streams_.size());
     streams_.push_back(std::make_unique<MinimalStream>(index_, id, priority, arena_, blocking_));
@@ -551,7 +555,9 @@ class MinimalDevice final : public Device {
     }
     return *streams_[static_cast<std::size_t>(id)];
   }
-  std::unique_ptr<Event> createEvent(bool timing) override { return std::make_unique<MinimalEvent>(index_, timing); }
+  std::unique_ptr<Event> createEvent(bool timing) override {
+    return std::make_unique<MinimalEvent>(index_, timing, optional_methods_);
+  }
 
   void synchronize() override {
     std::exception_ptr first;
@@ -578,6 +584,7 @@ class MinimalDevice final : public Device {
 
   const int index_;
   const bool blocking_;
+  const bool optional_methods_;
   DeviceProperties properties_;
   Arena arena_;  // before streams_: destroyed after them (their workers copy into it)
   std::mutex streams_mutex_;
@@ -587,10 +594,12 @@ class MinimalDevice final : public Device {
 
 class MinimalHal final : public Hal {
  public:
-  MinimalHal(int devices, std::size_t capacity) {
+  MinimalHal(int devices, std::size_t capacity, bool optional_methods) {
     const char* blocking = std::getenv("NPU_LAUNCH_BLOCKING");
     const bool block = blocking != nullptr && std::string(blocking) == "1";
-    for (int i = 0; i < devices; ++i) devices_.push_back(std::make_unique<MinimalDevice>(i, capacity, block));
+    for (int i = 0; i < devices; ++i) {
+      devices_.push_back(std::make_unique<MinimalDevice>(i, capacity, block, optional_methods));
+    }
   }
   std::string name() const override { return "minimal"; }
   int deviceCount() const override { return static_cast<int>(devices_.size()); }
@@ -613,8 +622,8 @@ class MinimalHal final : public Hal {
 
 }  // namespace
 
-std::unique_ptr<Hal> makeMinimalHal(int devices, std::size_t capacity) {
-  return std::make_unique<MinimalHal>(devices, capacity);
+std::unique_ptr<Hal> makeMinimalHal(int devices, std::size_t capacity, bool optional_methods) {
+  return std::make_unique<MinimalHal>(devices, capacity, optional_methods);
 }
 
 }  // namespace npu::runtime::minimal

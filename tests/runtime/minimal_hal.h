@@ -22,6 +22,9 @@
 namespace npu::runtime::minimal {
 
 // `devices` devices of `capacity` bytes each; reads NPU_LAUNCH_BLOCKING.
-std::unique_ptr<Hal> makeMinimalHal(int devices = 2, std::size_t capacity = std::size_t(32) << 20);
+// `optional_methods` false: without the optional capabilities (multiple_streams,
+// timing_events), whose methods then keep the HAL's "not supported" defaults.
+std::unique_ptr<Hal> makeMinimalHal(int devices = 2, std::size_t capacity = std::size_t(32) << 20,
+                                    bool optional_methods = true);
 
 }  // namespace npu::runtime::minimal

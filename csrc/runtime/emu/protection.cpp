@@ -15,7 +15,7 @@ namespace npu::runtime::emu {
 
 namespace {
 
-constexpr int kMaxArenas = 256;  // devices of every emulator a process makes (tests make many)
+constexpr int kMaxArenas = 256;  // protected devices alive at once (slots are reused)
 constexpr std::size_t kPage = 4096;
 
 // Read by the fault handler: no locks there, only atomics.
@@ -24,7 +24,7 @@ struct ArenaRange {
   std::atomic<std::size_t> size{0};
 };
 ArenaRange g_arenas[kMaxArenas];
-std::atomic<int> g_arena_slots{0};
+std::atomic<int> g_arena_slots{0};  // slots ever used, at most kMaxArenas
 
 std::mutex g_gate_mutex;
 int g_open = 0;  // DeviceWork alive (under g_gate_mutex)
@@ -42,12 +42,21 @@ void protect(char* base, std::size_t size, bool open) {
   ::write(STDERR_FILENO, message.data(), message.size());
 }
 
-// Under g_gate_mutex.
+// Under g_gate_mutex. Opening stops at the first arena that fails (and
+// closes the ones it opened), so a failure leaves every arena closed.
 void setEveryArena(bool open) {
   const int slots = g_arena_slots.load();
   for (int i = 0; i < slots; ++i) {
     char* base = g_arenas[i].base.load();
-    if (base != nullptr) protect(base, g_arenas[i].size.load(), open);
+    if (base == nullptr) continue;
+    try {
+      protect(base, g_arenas[i].size.load(), open);
+    } catch (...) {
+      for (int j = 0; j < i; ++j) {
+        if (char* opened = g_arenas[j].base.load()) protect(opened, g_arenas[j].size.load(), false);
+      }
+      throw;
+    }
   }
 }
 
@@ -108,14 +117,24 @@ ProtectedArena::ProtectedArena(std::size_t capacity) : capacity_(roundToPage(std
   free_.emplace(0, capacity_);
   installFaultHandler();
   std::lock_guard<std::mutex> lock(g_gate_mutex);
-  const int slot = g_arena_slots.fetch_add(1);
+  int slot = 0;
+  const int used = g_arena_slots.load();
+  while (slot < used && g_arenas[slot].base.load() != nullptr) ++slot;  // a free one, or the next
   if (slot >= kMaxArenas) {
     munmap(base_, capacity_);
     throw std::runtime_error("NPU_EMU_PROTECT: more than " + std::to_string(kMaxArenas) + " protected devices");
   }
+  if (g_open > 0) {  // made while device work runs: open like the others
+    try {
+      protect(base_, capacity_, true);
+    } catch (...) {
+      munmap(base_, capacity_);
+      throw;
+    }
+  }
   g_arenas[slot].size.store(capacity_);
   g_arenas[slot].base.store(base_);
-  if (g_open > 0) protect(base_, capacity_, true);  // made while device work runs
+  if (slot == used) g_arena_slots.store(used + 1);
 }
 
 ProtectedArena::~ProtectedArena() {
@@ -163,7 +182,8 @@ void ProtectedArena::free(void* ptr, std::size_t size) {
 
 void DeviceWork::begin() {
   std::lock_guard<std::mutex> lock(g_gate_mutex);
-  if (g_open++ == 0) setEveryArena(true);
+  if (g_open == 0) setEveryArena(true);  // throws before counting: the gate stays closed
+  ++g_open;
 }
 
 void DeviceWork::end() {

@@ -70,7 +70,7 @@ void EmuStream::run(Task& task) {
   // it is the emulator's cost, not the kernel's, so it is not in the kernel's time.
   std::optional<DeviceWork> work;
   try {
-    work.emplace(config_.protect);
+    work.emplace(config_.protect && !task.marker);
   } catch (...) {
     recordFailure(task.name, task.index, std::current_exception());
     task.kernel = nullptr;
@@ -101,7 +101,10 @@ bool EmuStream::heldByCaller() const {
 }
 
 void EmuStream::waitForSpaceLocked(std::unique_lock<std::mutex>& lock) {
-  if (queue_.size() < kMaxQueuedKernels) return;
+  // While a hold keeps the stream, the queue may grow past the bound: the
+  // holder may need the launching thread (a compiled kernel needs the GIL the
+  // launcher holds), and the hold ends by itself.
+  if (queue_.size() < kMaxQueuedKernels || hold_depth_ > 0) return;
   ++space_waiters_;
   space_.wait(lock, [this] { return queue_.size() < kMaxQueuedKernels || stopping_; });
   --space_waiters_;
@@ -131,16 +134,41 @@ void EmuStream::launch(const char* name, Kernel kernel, std::size_t bytes) {
   submit(std::move(task), bytes);
 }
 
-void EmuStream::launchMarker(const char* name, Kernel kernel) { submit(Task{name, std::move(kernel)}, 0); }
+void EmuStream::launchMarker(const char* name, Kernel kernel) {
+  Task task{name, std::move(kernel)};
+  task.marker = true;
+  submit(std::move(task), 0);
+}
+
+// NPU_LAUNCH_BLOCKING: the work completes, and its error raises, before the
+// call returns. The stream is busy meanwhile, so another thread's hold or
+// kernel comes after it, as after any kernel.
+void EmuStream::runBlocking(Task& task) {
+  task.index = startBlocking();
+  if (task.index == 0) {  // the caller holds the stream: its own work, unnumbered
+    run(task);
+    throwPendingError();
+    return;
+  }
+  run(task);
+  std::unique_lock<std::mutex> lock(mutex_);
+  finishInlineLocked();
+  lock.unlock();
+  throwPendingError();
+}
+
+uint64_t EmuStream::startBlocking() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (heldByCallerLocked()) return 0;
+  drained_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  throwPendingError();  // an earlier kernel's error first, before anything more runs
+  busy_ = true;
+  return launched_.fetch_add(1, std::memory_order_acq_rel) + 1;
+}
 
 void EmuStream::submit(Task task, std::size_t bytes) {
   if (config_.blocking) {
-    drain();
-    throwPendingError();
-    task.index = launched_.fetch_add(1) + 1;
-    run(task);
-    completed_.fetch_add(1);
-    throwPendingError();
+    runBlocking(task);
     return;
   }
   std::unique_lock<std::mutex> lock(mutex_);
@@ -167,10 +195,22 @@ void EmuStream::submit(Task task, std::size_t bytes) {
 
 bool EmuStream::runIfIdle(const char* name, KernelRef kernel, std::size_t bytes) {
   if (config_.blocking) {
-    synchronize();
-    DeviceWork work(config_.protect);
-    tracing::Scope traced(tracing::ActivityKind::Kernel, name, device_, id_, bytes);
-    kernel();
+    const bool numbered = startBlocking() != 0;
+    try {
+      DeviceWork work(config_.protect);
+      tracing::Scope traced(tracing::ActivityKind::Kernel, name, device_, id_, bytes);
+      kernel();
+    } catch (...) {
+      if (numbered) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        finishInlineLocked();
+      }
+      throw;
+    }
+    if (numbered) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      finishInlineLocked();
+    }
     return true;
   }
   std::unique_lock<std::mutex> lock(mutex_);
@@ -206,10 +246,10 @@ void EmuStream::acquire() {
     return;
   }
   if (!busy_ && queue_.empty()) {
+    if (config_.protect) DeviceWork::begin();  // host code in stream order works as the device
     busy_ = true;
     holder_ = me;
     hold_depth_ = 1;
-    if (config_.protect) DeviceWork::begin();  // host code in stream order works as the device
     return;
   }
   // Behind the work already queued: the worker hands the stream over when it
@@ -221,7 +261,16 @@ void EmuStream::acquire() {
   enqueueLocked(std::move(hold));
   const int64_t start = tracing::enabled() ? tracing::nowNs() : 0;
   drained_.wait(lock, [&] { return hold_depth_ > 0 && holder_ == me; });
-  if (config_.protect) DeviceWork::begin();
+  if (config_.protect) {
+    try {
+      DeviceWork::begin();
+    } catch (...) {
+      hold_depth_ = 1;  // give the stream back, then report
+      lock.unlock();
+      release();
+      throw;
+    }
+  }
   lock.unlock();
   // The host waited for the device: host code that needs the stream's results.
   tracing::recordHostWait(tracing::kStreamWait, device_, id_, start);
@@ -326,9 +375,11 @@ void EmuStream::wait(Event& event) {
     adoptFailure(carried);
   };
   std::unique_lock<std::mutex> lock(mutex_);
-  if (heldByCallerLocked()) {
+  if (heldByCallerLocked() || config_.blocking) {
+    // Host code in stream order waits here, as it would on the device; a
+    // blocking stream (NPU_LAUNCH_BLOCKING) completes the wait before returning.
     lock.unlock();
-    marker();  // host code in stream order waits here, as it would on the device
+    marker();
     return;
   }
   // A marker for the worker: the caller never blocks on it.

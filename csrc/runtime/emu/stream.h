@@ -71,6 +71,7 @@ class EmuStream final : public Stream {
     Kernel kernel;
     uint64_t index = 0;        // position among the stream's launches (0: none)
     bool hold = false;         // not a kernel: hands the stream to `holder`
+    bool marker = false;       // an event's marker: touches no device memory
     std::thread::id holder;
     // For the activity trace (tracing.h): stamped at launch while tracing is
     // on; event markers are never stamped, so never traced.
@@ -80,6 +81,11 @@ class EmuStream final : public Stream {
     CopyKind copy_kind = CopyKind::DeviceToDevice;
   };
   void run(Task& task);  // executes one kernel, keeping its error
+  void runBlocking(Task& task);  // NPU_LAUNCH_BLOCKING's launch
+  // NPU_LAUNCH_BLOCKING: waits until the stream is idle, raises an earlier
+  // error, then marks the stream busy and counts the launch: its position. 0
+  // (nothing done) when the caller holds the stream.
+  uint64_t startBlocking();
   // launch() for kernels, copies and event markers alike.
   void submit(Task task, std::size_t bytes);
   void recordFailure(const char* name, uint64_t index, std::exception_ptr error);
