@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 export PATH := $(if $(wildcard /usr/lib/ccache),/usr/lib/ccache:,)$(PATH)
 export MAX_JOBS ?= 2
 
-.PHONY: demo test build pytest pytest-always-enqueue pytest-protected runtime-test runtime-sanitize bench clean system-deps
+.PHONY: demo test build pytest pytest-always-enqueue pytest-protected pytest-profile runtime-test runtime-sanitize bench clean system-deps
 
 # Debian packages: GoogleTest for runtime/ tests, ccache for rebuilds, CMake and
 # Ninja for the runtime library (csrc/runtime), which the extension links too.
@@ -75,6 +75,12 @@ PROTECTED_TESTS := tests/test_models.py tests/test_real_models.py tests/test_str
 pytest-protected: build
 	NPU_EMU_PROTECT=1 $(PY) -m pytest -q -m "not host_timing" $(PROTECTED_TESTS)
 
+# The model tests again with the npu as an Ascend 910B2 (NPU_EMU_PROFILE): the
+# chip's support set, its numerics and its identity under real models.
+PROFILE_TESTS := tests/test_models.py tests/test_real_models.py
+pytest-profile: build
+	NPU_EMU_PROFILE=ascend910b2 $(PY) -m pytest -q $(PROFILE_TESTS)
+
 # The runtime's GoogleTest suite under ThreadSanitizer and AddressSanitizer.
 runtime-sanitize: system-deps
 	for san in thread address; do \
@@ -85,7 +91,7 @@ runtime-sanitize: system-deps
 	    ctest --test-dir build/runtime-$$san --output-on-failure || exit 1; \
 	done
 
-test: runtime-test pytest pytest-always-enqueue pytest-protected
+test: runtime-test pytest pytest-always-enqueue pytest-protected pytest-profile
 
 bench: build
 	$(PY) benchmarks/run_all.py

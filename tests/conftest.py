@@ -96,3 +96,16 @@ def scenario_result(results, name):
     result = results[name]
     assert "error" not in result, result.get("error")
     return result
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under a chip profile, ops outside the chip's native set fall back by design:
+    the tests that assert the generic device's op set have nothing to check."""
+    profile = torch_npu.npu.get_profile()
+    if profile == "generic":
+        return
+    skip = pytest.mark.skip(reason=f"asserts the generic device's op set; under {profile} the chip's "
+                                   "fallbacks are expected (tests/test_profiles.py checks them)")
+    for item in items:
+        if "generic_ops" in item.keywords:
+            item.add_marker(skip)

@@ -2,7 +2,7 @@
 logging, correctness of fallen-back ops, and the op registry (issue 3).
 
 Two kinds of op reach the fallback:
-  * an op without an npu kernel (here aten::logaddexp: PyTorch has a CPU kernel, the
+  * an op without an npu kernel (here aten::nextafter: PyTorch has a CPU kernel, the
     op library has none; the registry is asked first so the test notices if that changes);
   * an op with an npu kernel called with a dtype outside the kernel's support set
     (float64: the npu has no float64 kernels).
@@ -24,7 +24,7 @@ from torch_npu import _ops_registry as registry
 from conftest import requires_two_devices
 from helpers import last_line
 
-NO_KERNEL_OP = "logaddexp"  # aten op with a CPU kernel and no npu kernel
+NO_KERNEL_OP = "nextafter"  # aten op with a CPU kernel and no npu kernel
 F64 = torch.float64
 
 
@@ -39,7 +39,7 @@ def count(op_base, s=None):
 
 
 def no_kernel(x, y):
-    return torch.logaddexp(x, y)
+    return torch.nextafter(x, y)
 
 
 def assert_npu_close(got, expected, **kw):
@@ -65,8 +65,8 @@ def test_auto_no_kernel_op_falls_back_silently():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # any warning fails the test
         got = no_kernel(x.npu(), y.npu())
-    assert_npu_close(got, torch.logaddexp(x, y))
-    assert count("aten::logaddexp") == 1
+    assert_npu_close(got, torch.nextafter(x, y))
+    assert count("aten::nextafter") == 1
     assert stats().total == 1
 
 
@@ -119,10 +119,10 @@ def test_warn_mode_warns_once_per_op(how):
      "constant": lambda: NPUFallbackMode.set(NPUFallbackMode.WARN)}[how]()
     assert torch_npu.get_fallback_mode() == "warn" == NPUFallbackMode.get()
     x = torch.randn(8).npu()
-    with pytest.warns(UserWarning, match=r"Operator 'aten::logaddexp.*' is not supported on npu") as record:
+    with pytest.warns(UserWarning, match=r"Operator 'aten::nextafter.*' is not supported on npu") as record:
         got = no_kernel(x, x)
     assert len([w for w in record if "not supported on npu" in str(w.message)]) == 1
-    assert_npu_close(got, torch.logaddexp(x.cpu(), x.cpu()))
+    assert_npu_close(got, torch.nextafter(x.cpu(), x.cpu()))
     with warnings.catch_warnings(record=True) as again:
         warnings.simplefilter("always")
         no_kernel(x, x)
@@ -138,7 +138,7 @@ def test_warn_mode_warns_once_per_op(how):
         x64.exp_()
     assert len([w for w in again if "aten::exp'" in str(w.message)]) == 0
     assert len([w for w in again if "aten::exp_'" in str(w.message)]) <= 1
-    assert count("aten::logaddexp") == 2 and count("aten::exp") == 2  # warn still falls back and counts
+    assert count("aten::nextafter") == 2 and count("aten::exp") == 2  # warn still falls back and counts
 
 
 # ---- error ---------------------------------------------------------------------------------------
@@ -166,7 +166,7 @@ def test_error_mode_raises_for_float64(how):
 def test_error_mode_raises_for_op_without_kernel_and_leaves_inputs_alone():
     torch_npu.set_fallback_mode("error")
     x = torch.randn(4, 3).npu()
-    with pytest.raises(RuntimeError, match=r"Operator 'aten::logaddexp.*' is not yet supported on npu "
+    with pytest.raises(RuntimeError, match=r"Operator 'aten::nextafter.*' is not yet supported on npu "
                                            r"\(dtype Float\).*no npu kernel is registered") as info:
         no_kernel(x, x)
     assert "set_fallback_mode" in str(info.value)
@@ -180,7 +180,7 @@ def test_error_mode_raises_for_op_without_kernel_and_leaves_inputs_alone():
         torch.cat([a, a])
     assert stats().total == 0
     torch_npu.set_fallback_mode("auto")
-    assert_npu_close(no_kernel(x, x), torch.logaddexp(x.cpu(), x.cpu()))
+    assert_npu_close(no_kernel(x, x), torch.nextafter(x.cpu(), x.cpu()))
 
 
 def test_invalid_mode_raises_value_error():
@@ -304,10 +304,10 @@ def test_policy_npu_forbids_the_fallback():
     with pytest.raises(RuntimeError, match=r"Operator 'aten::exp' is not yet supported on npu \(dtype Double\)"):
         x.double().exp()
     assert_npu_close(x.exp(), x.cpu().exp())  # the native kernel is still allowed
-    assert count("aten::exp") == 0 and count("aten::logaddexp") == 0
+    assert count("aten::exp") == 0 and count("aten::nextafter") == 0
     NPUFallbackMode.set_op_fallback(NO_KERNEL_OP, "default")
     NPUFallbackMode.set_op_fallback("exp", "default")
-    assert_npu_close(no_kernel(x, x), torch.logaddexp(x.cpu(), x.cpu()))
+    assert_npu_close(no_kernel(x, x), torch.nextafter(x.cpu(), x.cpu()))
     assert_npu_close(x.double().exp(), x.cpu().double().exp())
 
 
@@ -396,8 +396,8 @@ def test_stats_total_top_ops_time_bytes_and_reset():
     torch.sort(x)
     s = stats()
     assert s.total == 6
-    assert s.top_ops(2) == [("aten::exp", 3), ("aten::logaddexp.out", 2)]
-    assert s.top_ops(10) == [("aten::exp", 3), ("aten::logaddexp.out", 2), ("aten::sort", 1)]
+    assert s.top_ops(2) == [("aten::exp", 3), ("aten::nextafter.out", 2)]
+    assert s.top_ops(10) == [("aten::exp", 3), ("aten::nextafter.out", 2), ("aten::sort", 1)]
     assert s.top_ops(1) == [("aten::exp", 3)]
     e = s["aten::exp"]
     assert e.count == 3 and e.kernel_error_retries == 0
@@ -433,7 +433,7 @@ def test_debug_log_lines(caplog):
         NPUFallbackMode.set_op_fallback("sin", "cpu")
         x.sin()
     messages = [r.getMessage() for r in caplog.records if r.name == "torch_npu"]
-    assert "npu_logaddexp not registered, fallback to CPU" in messages, messages
+    assert "npu_nextafter not registered, fallback to CPU" in messages, messages
     assert "npu_exp does not support these dtypes, fallback to CPU" in messages, messages
     assert any(m.startswith("npu_sin") and "fallback to CPU" in m for m in messages), messages
     assert all(r.levelno == logging.DEBUG for r in caplog.records if r.name == "torch_npu")
@@ -503,9 +503,9 @@ def test_fallback_out_variants():
     assert_npu_close(o0, x * y)
     # a no-kernel op with out=, resized from 0
     f = torch.empty(0, device="npu")
-    torch.logaddexp(xn.float(), yn.float(), out=f)
+    torch.nextafter(xn.float(), yn.float(), out=f)
     assert f.shape == (3, 4)
-    assert_npu_close(f, torch.logaddexp(x.float(), y.float()))
+    assert_npu_close(f, torch.nextafter(x.float(), y.float()))
     # an out= that is a view of a bigger tensor
     big = torch.zeros(3, 8, dtype=F64, device="npu")
     torch.add(xn, yn, out=big[:, ::2])
@@ -554,9 +554,9 @@ def test_fallback_on_non_contiguous_inputs():
     bn = base.npu()
     x, xn = base.t()[::2], bn.t()[::2]
     assert not xn.is_contiguous()
-    assert_npu_close(torch.logaddexp(xn, xn * 2), torch.logaddexp(x, x * 2))
+    assert_npu_close(torch.nextafter(xn, xn * 2), torch.nextafter(x, x * 2))
     assert_npu_close(xn.double().exp(), x.double().exp())
-    assert count("aten::logaddexp") == 1
+    assert count("aten::nextafter") == 1
 
 
 def test_fallback_view_op_raises_a_clear_error():
@@ -572,7 +572,7 @@ def test_fallback_view_op_raises_a_clear_error():
 def test_fallback_with_a_cpu_scalar_tensor():
     x = torch.randn(4, dtype=F64)
     assert_npu_close(x.npu() * torch.tensor(2.0, dtype=F64), x * 2)
-    assert_npu_close(torch.logaddexp(x.float().npu(), torch.tensor(1.0)), torch.logaddexp(x.float(), torch.tensor(1.0)))
+    assert_npu_close(torch.nextafter(x.float().npu(), torch.tensor(1.0)), torch.nextafter(x.float(), torch.tensor(1.0)))
 
 
 @requires_two_devices
@@ -581,7 +581,7 @@ def test_fallback_results_stay_on_the_input_device():
     x = torch.randn(4, 3, dtype=F64)
     xn = x.to("npu:1")
     for fn in (torch.exp, lambda t: torch.sort(t), lambda t: torch.cat([t, t]),
-               lambda t: torch.logaddexp(t.float(), t.float())):
+               lambda t: torch.nextafter(t.float(), t.float())):
         got = fn(xn)
         for t in ([got] if isinstance(got, torch.Tensor) else got):
             assert t.device == torch.device("npu", 1)
@@ -627,7 +627,7 @@ def test_registry_list_ops_and_summary():
     names = {op.name for op in npu_ops}
     assert {"aten::add.Tensor", "aten::mm", "aten::exp", "aten::cat"} <= names
     cpu_ops = registry.list_ops("cpu")
-    assert "aten::logaddexp" in {op.name for op in cpu_ops}
+    assert "aten::nextafter" in {op.name for op in cpu_ops}
     assert all(op.backend == "cpu" for op in cpu_ops)
     everything = registry.list_ops()
     summary = registry.summary()

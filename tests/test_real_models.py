@@ -212,6 +212,7 @@ def test_ctc_loss_takes_cpu_lengths():
 # ---- TransformerEncoder inference with a padding mask (nested tensors) -----------
 
 
+@pytest.mark.generic_ops
 def test_transformer_encoder_padding_mask_inference_matches_cpu():
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
@@ -309,6 +310,7 @@ def fallback_forbidden():
     torch_npu.set_fallback_mode("auto")
 
 
+@pytest.mark.generic_ops
 def test_former_fallbacks_run_natively(fallback_forbidden):
     torch.manual_seed(0)
     emb_cpu = nn.Embedding(10, 4, max_norm=1.0)

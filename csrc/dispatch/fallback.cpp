@@ -1,5 +1,7 @@
 #include "fallback.h"
 
+#include "../core/profile.h"
+
 #include <ATen/core/Tensor.h>
 #include <ATen/record_function.h>
 #include <c10/core/DeviceGuard.h>
@@ -105,6 +107,9 @@ std::string describeArguments(const c10::FunctionSchema& schema, const torch::ji
       why << " (the npu has no float64 kernels, and complex ones only for torch.fft; cast with .float() to stay on "
              "the npu)";
     }
+  } else if (const auto& chip = profile::active(); !chip.runsNatively(op.operator_name())) {
+    why << chip.device_name << " (device profile '" << chip.name << "') has no native kernel for it, as the "
+        << "real chip has none (torch_npu._ops_registry.get(op) answers per chip)";
   } else {
     why << "no npu kernel is registered for it";
   }

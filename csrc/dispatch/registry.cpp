@@ -14,16 +14,22 @@ namespace {
 
 using c10::DispatchKey;
 
-OpResolution resolve(const c10::OperatorHandle& op) {
+OpResolution resolve(const c10::OperatorHandle& op, const profile::DeviceProfile& chip) {
   OpResolution out;
   out.name = displayName(op);
-  const bool native = op.hasKernelForDispatchKey(DispatchKey::PrivateUse1);
+  // A kernel of the op library that the chip lacks is not native there
+  // (ops/native_kernel.cpp decides the same way at run time).
+  const bool on_chip = chip.runsNatively(op.operator_name());
+  const bool native = op.hasKernelForDispatchKey(DispatchKey::PrivateUse1) && on_chip;
   const bool cpu_kernel = op.hasKernelForDispatchKey(DispatchKey::CPU);
   // CompositeExplicitAutogradNonFunctional beside a CPU kernel is only the
-  // functional wrapper of a structured op; alone (select_backward) it decomposes.
+  // functional wrapper of a structured op; alone (select_backward) it
+  // decomposes, and so does the wrapper where a chip lacks the op itself
+  // (gelu becomes gelu.out there: profile::decomposesOffChip()).
   const bool composite = op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd) ||
                          op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd) ||
-                         (!cpu_kernel && op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutogradNonFunctional));
+                         ((!cpu_kernel || !on_chip) &&
+                          op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutogradNonFunctional));
   const bool cpu = cpu_kernel || composite;
   if (native) out.backends.push_back("npu");
   if (composite) out.backends.push_back("composite");
@@ -64,7 +70,7 @@ int overloadRank(const std::string& overload) {
 
 }  // namespace
 
-std::optional<OpResolution> resolveOp(const std::string& raw) {
+std::optional<OpResolution> resolveOp(const std::string& raw, const profile::DeviceProfile& chip) {
   std::string name;
   std::string overload;
   try {
@@ -76,7 +82,7 @@ std::optional<OpResolution> resolveOp(const std::string& raw) {
   if (!overload.empty()) {
     auto op = dispatcher.findSchema({name, overload});
     if (!op) return std::nullopt;
-    return resolve(*op);
+    return resolve(*op, chip);
   }
   std::optional<c10::OperatorHandle> best;
   int best_rank = 1 << 30;
@@ -93,15 +99,15 @@ std::optional<OpResolution> resolveOp(const std::string& raw) {
     }
   }
   if (!best) return std::nullopt;
-  return resolve(*best);
+  return resolve(*best, chip);
 }
 
-std::vector<OpResolution> allOps() {
+std::vector<OpResolution> allOps(const profile::DeviceProfile& chip) {
   std::vector<OpResolution> out;
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const auto& op_name : dispatcher.getAllOpNames()) {
     auto op = dispatcher.findSchema(op_name);
-    if (op) out.push_back(resolve(*op));
+    if (op) out.push_back(resolve(*op, chip));
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   return out;

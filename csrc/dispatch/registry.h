@@ -3,6 +3,8 @@
 #pragma once
 
 #include <optional>
+
+#include "../core/profile.h"
 #include <string>
 #include <vector>
 
@@ -22,9 +24,11 @@ struct OpResolution {
 
 // `name` as accepted by canonicalOpName(); without an overload, the op's
 // primary overload ("", "Tensor", "default", "input", "self", else the first).
-std::optional<OpResolution> resolveOp(const std::string& name);
+// As the device of `chip` serves it (the active profile's by default): an op
+// outside a chip's native set decomposes or takes the CPU fallback there.
+std::optional<OpResolution> resolveOp(const std::string& name, const profile::DeviceProfile& chip = profile::active());
 // Every aten op (each overload), with how the npu serves it.
-std::vector<OpResolution> allOps();
+std::vector<OpResolution> allOps(const profile::DeviceProfile& chip = profile::active());
 // Number of operators (overloads) with a native npu kernel.
 int64_t numNativeKernels();
 

@@ -11,9 +11,12 @@
 #include <functional>
 #include <initializer_list>
 
+#include "../core/profile.h"
 #include "../dispatch/fallback.h"
 #include "../dispatch/arguments.h"
 #include "../dispatch/op_names.h"
+#include "../runtime/tracing.h"
+#include "chip.h"
 #include "host_execution.h"
 #include "native_kernel.h"
 
@@ -62,6 +65,25 @@ auto fallBackByHand(const c10::OperatorHandle& op, const torch::jit::Stack& stac
   return result;
 }
 
+// The chip's matrix unit: 16-bit operands widened to float32, one rounding at the end (ops/chip.h).
+at::Tensor onCube(const at::Tensor& t) {
+  return t.defined() && (t.scalar_type() == c10::kHalf || t.scalar_type() == c10::kBFloat16) ? t.to(c10::kFloat) : t;
+}
+at::Tensor roundedTo(const at::Tensor& t, c10::ScalarType type) {
+  if (!t.defined()) return t;
+  at::Tensor out = t.scalar_type() == type ? t : t.to(type);
+  saturateIfChipDoes(out);
+  return out;
+}
+
+// The projected time of the kernel on the profile's chip, for the profiler (0: none).
+template <typename Boxed>
+int64_t projectedNs(const c10::OperatorHandle& op, const Boxed& boxed) {
+  if (!runtime::tracing::enabled()) return 0;
+  const auto& cost = profile::active().cost;
+  return cost ? profile::projectKernelNs(*cost, profile::estimateWork(op, boxed())) : 0;
+}
+
 at::Tensor back(const at::Tensor& t, c10::Device device, int64_t* bytes) {
   if (!t.defined()) return t;
   *bytes += static_cast<int64_t>(t.numel() * t.itemsize());
@@ -95,10 +117,14 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
       return back(out, input.device(), to_npu);
     });
   }
+  for (const auto* t : {&input, &weight, &bias_t}) {
+    if (t->defined()) checkChipDtype(t->scalar_type(), "aten::convolution");
+  }
+  runtime::tracing::Projection projected(projectedNs(convolutionOp(), boxed));
   HostExecution exec(input.device(), "aten::convolution");
-  auto out = at::convolution(exec.alias(input), exec.alias(weight), exec.alias(bias_t), stride, padding, dilation,
-                             transposed, output_padding, groups);
-  return exec.toNpu(inPromisedLayout(out));
+  auto out = at::convolution(onCube(exec.alias(input)), onCube(exec.alias(weight)), onCube(exec.alias(bias_t)),
+                             stride, padding, dilation, transposed, output_padding, groups);
+  return exec.toNpu(inPromisedLayout(roundedTo(out, input.scalar_type())));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
@@ -127,11 +153,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
                             return std::make_tuple(back(gi, d, to_npu), back(gw, d, to_npu), back(gb, d, to_npu));
                           });
   }
+  for (const auto* t : {&grad_output, &input, &weight}) checkChipDtype(t->scalar_type(), "aten::convolution_backward");
+  runtime::tracing::Projection projected(projectedNs(convolutionBackwardOp(), boxed));
   HostExecution exec(input.device(), "aten::convolution_backward");
-  auto [gi, gw, gb] = at::convolution_backward(exec.alias(grad_output), exec.alias(input), exec.alias(weight), bias_arg,
-                                               stride, padding, dilation, transposed, output_padding, groups,
-                                               output_mask);
-  return {exec.toNpu(inPromisedLayout(gi)), exec.toNpu(inPromisedLayout(gw)), exec.toNpu(gb)};
+  auto [gi, gw, gb] = at::convolution_backward(onCube(exec.alias(grad_output)), onCube(exec.alias(input)),
+                                               onCube(exec.alias(weight)), bias_arg, stride, padding, dilation,
+                                               transposed, output_padding, groups, output_mask);
+  const auto type = input.scalar_type();
+  return {exec.toNpu(inPromisedLayout(roundedTo(gi, type))), exec.toNpu(inPromisedLayout(roundedTo(gw, type))),
+          exec.toNpu(roundedTo(gb, type))};
 }
 
 }  // namespace

@@ -12,9 +12,12 @@
 #include "../core/device.h"
 #include "../core/generator.h"
 #include "../core/launch.h"
+#include "../core/profile.h"
+#include "../runtime/tracing.h"
 #include "../dispatch/fallback.h"
 #include "../dispatch/arguments.h"
 #include "../dispatch/cpu_kernel.h"
+#include "chip.h"
 #include "host_execution.h"
 
 namespace npu::ops {
@@ -154,6 +157,9 @@ const NativeKernel::Traits& NativeKernel::traits(const c10::OperatorHandle& op) 
     // dispatch::redispatchToCpu at launch: it runs on the host, never queued.
     traits_.in_place = writes && !has_out && returns_only_written_args && !traits_.is_view && !may_resize_self &&
                        !dispatch::isRandomWithoutGeneratorArgument(op);
+    // The profile is fixed from the device's start, before any npu op runs.
+    traits_.on_chip = profile::active().runsNatively(op.operator_name());
+    traits_.off_chip_decomposes = !traits_.on_chip && profile::decomposesOffChip(op);
   });
   return traits_;
 }
@@ -220,6 +226,26 @@ void NativeKernel::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet
   if (policy.hasOpPolicies() && policy.opPolicy(op.schema().name()) == OpPolicy::Cpu) {
     dispatch::cpuFallback(op, stack, FallbackReason::Policy);
     return;
+  }
+  if (C10_UNLIKELY(!t.on_chip)) {
+    // Not in the chip's native set: PyTorch's decomposition runs on the npu
+    // where there is one, as it would on the chip; else the CPU fallback.
+    if (t.off_chip_decomposes) {
+      const auto key = op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)
+                           ? c10::DispatchKey::CompositeExplicitAutograd
+                           : c10::DispatchKey::CompositeExplicitAutogradNonFunctional;
+      op.callBoxedForDispatchKey(key, *stack);
+    } else {
+      dispatch::cpuFallback(op, stack, FallbackReason::NoKernel);
+    }
+    return;
+  }
+  checkChipDtypes(op, *stack);
+  std::optional<runtime::tracing::Projection> projection;  // for the profiler: this kernel's time on the chip
+  if (C10_UNLIKELY(runtime::tracing::enabled())) {
+    if (const auto& cost = profile::active().cost) {
+      projection.emplace(profile::projectKernelNs(*cost, profile::estimateWork(op, *stack)));
+    }
   }
   if (!t.is_view) {
     if (auto refused = refusedDtype(op, *stack)) {
@@ -289,7 +315,7 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
   }
   const char* name = op.operator_name().name.c_str();
   // An idle stream runs it here and now: every error raises at the call.
-  auto run_now = [&] { op.redispatchBoxed(kCPUKeys, &args); };
+  auto run_now = [&] { runCpuKernel(op, kCPUKeys, &args, device.index()); };
   if (runIfIdle(device.index(), name, run_now, bytes)) return;
   // Queued behind other work: what metadata can show must still raise here.
   checkResultCastsIntoSelf(op, args);
@@ -301,7 +327,10 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
     runOnHost(op, stack, device, kCPUKeys);
     return;
   }
-  launch(device.index(), name, [op, args = std::move(args)]() mutable { op.redispatchBoxed(kCPUKeys, &args); },
+  launch(device.index(), name,
+         [op, args = std::move(args), index = device.index()]() mutable {
+           runCpuKernel(op, kCPUKeys, &args, index);
+         },
          bytes);
 }
 
@@ -329,7 +358,7 @@ void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* s
     }
   }
 
-  dispatch::redispatchToCpu(op, cpu_keys, stack, device.index());
+  runCpuKernel(op, cpu_keys, stack, device.index());
 
   for (const auto& t : written) exec.syncBack(t);
   const size_t returns = schema.returns().size();

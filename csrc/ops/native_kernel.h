@@ -32,6 +32,10 @@ class NativeKernel final : public c10::OperatorKernel {
   struct Traits {
     bool is_view = false;      // returns an alias of an input (no compute)
     bool in_place = false;     // writes only to its arguments, no out=: can be queued
+    // The device profile's chip runs it natively (core/profile.h); else it
+    // decomposes (off_chip_decomposes) or takes the CPU fallback.
+    bool on_chip = true;
+    bool off_chip_decomposes = false;
   };
   const Traits& traits(const c10::OperatorHandle& op);
   // The first dtype among the inputs (or a dtype= argument) the kernel lacks.

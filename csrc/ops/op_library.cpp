@@ -82,7 +82,17 @@ std::vector<LibraryEntry> libraryEntries() {
                  "reflection_pad1d_backward", "reflection_pad2d_backward", "replication_pad1d",
                  "replication_pad2d", "replication_pad1d_backward", "replication_pad2d_backward", "im2col",
                  "col2im", "grid_sampler_2d", "grid_sampler_2d_backward", "pixel_shuffle", "pixel_unshuffle",
-                 "channel_shuffle"});
+                 "channel_shuffle", "upsample_nearest3d", "upsample_nearest3d_backward", "upsample_trilinear3d",
+                 "upsample_trilinear3d_backward", "_upsample_nearest_exact1d", "_upsample_nearest_exact1d_backward",
+                 "_upsample_nearest_exact2d", "_upsample_nearest_exact2d_backward", "_upsample_nearest_exact3d",
+                 "_upsample_nearest_exact3d_backward", "_upsample_bilinear2d_aa", "_upsample_bilinear2d_aa_backward",
+                 "_upsample_bicubic2d_aa", "_upsample_bicubic2d_aa_backward", "reflection_pad3d",
+                 "reflection_pad3d_backward", "replication_pad3d", "replication_pad3d_backward",
+                 "adaptive_avg_pool3d_backward", "adaptive_max_pool3d", "adaptive_max_pool3d_backward",
+                 "max_unpool3d", "grid_sampler_3d", "grid_sampler_3d_backward"});
+  // Elementwise ops the Ascend chips run natively (profiles/ascend_native_ops_*.tsv).
+  add(all, {"rsub", "_add_relu", "gcd", "__lshift__", "__rshift__", "__ilshift__", "__irshift__", "_aminmax"});
+  add(floating, {"logaddexp", "logaddexp2", "sinc", "angle", "hardshrink_backward", "softshrink_backward"});
   // Normalisation, dropout, embedding, losses.
   add(floating, {"native_layer_norm", "native_layer_norm_backward", "native_batch_norm",
                  "native_batch_norm_backward", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",

@@ -82,7 +82,10 @@
 #include "../core/allocator.h"
 #include "../core/device.h"
 #include "../core/launch.h"
+#include "../core/profile.h"
 #include "../dispatch/fallback.h"
+#include "../runtime/tracing.h"
+#include "chip.h"
 #include "native_kernel.h"
 
 namespace npu::ops {
@@ -195,9 +198,13 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
       generic(op, kNPUKeys, &stack);
       return std::move(stack.back()).toTensor();
     };
+    // The device profile's chip (core/profile.h): an op it lacks, and chips
+    // without bfloat16 or inf/nan, are the generic kernel's to handle.
+    const auto& chip = profile::active();
+    static const bool on_chip = chip.runsNatively(op.operator_name());
     FastPathCheck check{generic};
     (check(args), ...);
-    if (!check.ok || !check.device || policy.retryOnKernelError() ||
+    if (!check.ok || !check.device || policy.retryOnKernelError() || !on_chip || !chip.bfloat16 || !chip.inf_nan ||
         (policy.hasOpPolicies() && policy.opPolicy(Op::name) != dispatch::OpPolicy::Default)) {
       return run_generic();
     }
@@ -206,7 +213,15 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
     meta.meta(args...);
     at::Tensor out = meta.outputs[0];
     // Promotion to a dtype the npu lacks (a Python complex): the generic kernel refuses it.
-    if (!generic.accepts(out.scalar_type())) return run_generic();
+    // 16-bit matrix products: the generic kernel computes them as the chip's matrix unit does (ops/chip.h).
+    const bool low_precision = out.scalar_type() == c10::kHalf || out.scalar_type() == c10::kBFloat16;
+    if (!generic.accepts(out.scalar_type()) || (low_precision && isCubeOp(op))) return run_generic();
+    std::optional<runtime::tracing::Projection> projection;  // for the profiler: this kernel's time on the chip
+    if (C10_UNLIKELY(runtime::tracing::enabled()) && chip.cost) {
+      torch::jit::Stack stack;
+      torch::jit::push(stack, args...);
+      projection.emplace(profile::projectKernelNs(*chip.cost, profile::estimateWork(op, stack)));
+    }
     std::size_t bytes = bytesOf(out);
     auto captured = std::make_tuple(Capture<Args>::make(args, bytes)...);
     launch(check.device->index(), Op::name,

@@ -13,6 +13,7 @@
 #include "../core/device.h"
 #include "../core/launch.h"
 #include "../core/stream.h"
+#include "chip.h"
 
 namespace npu::ops {
 namespace {
@@ -34,6 +35,7 @@ at::Tensor empty(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype, st
                  std::optional<c10::Device> device, std::optional<bool> /*pin_memory*/,
                  std::optional<c10::MemoryFormat> memory_format) {
   checkLayout(layout, "aten::empty");
+  checkChipDtype(c10::dtype_or_default(dtype), "aten::empty");
   const auto d = targetDevice(device);
   c10::DeviceGuard guard(d);
   return at::detail::empty_generic(size, npuAllocator(), kNPUKeys, c10::dtype_or_default(dtype), memory_format);
@@ -43,6 +45,7 @@ at::Tensor emptyStrided(c10::IntArrayRef size, c10::IntArrayRef stride, std::opt
                         std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                         std::optional<bool> /*pin_memory*/) {
   checkLayout(layout, "aten::empty_strided");
+  checkChipDtype(c10::dtype_or_default(dtype), "aten::empty_strided");
   const auto d = targetDevice(device);
   c10::DeviceGuard guard(d);
   return at::detail::empty_strided_generic(size, stride, npuAllocator(), kNPUKeys, c10::dtype_or_default(dtype));

@@ -20,6 +20,13 @@ namespace {
 std::mutex& g_mutex = *new std::mutex;
 std::vector<Activity>* g_activities = new std::vector<Activity>();  // never destroyed: workers may outlive exit
 thread_local std::vector<uint64_t> t_correlations;
+thread_local int64_t t_next_projection = 0;
+
+int64_t takeProjection() {
+  const int64_t ns = t_next_projection;
+  t_next_projection = 0;
+  return ns;
+}
 }  // namespace
 
 void start() {
@@ -46,6 +53,8 @@ void pushCorrelation(uint64_t id) { t_correlations.push_back(id); }
 void popCorrelation() {
   if (!t_correlations.empty()) t_correlations.pop_back();
 }
+void setNextProjection(int64_t ns) { t_next_projection = ns; }
+
 uint64_t currentCorrelation() { return t_correlations.empty() ? 0 : t_correlations.back(); }
 
 int64_t nowNs() {
@@ -76,6 +85,7 @@ void LaunchStamp::stampNow() {
   correlation = currentCorrelation();  // of the op launching it, on this thread
   host_thread = currentThreadId();
   launch_ns = nowNs();
+  projected_ns = takeProjection();
 }
 
 void recordExecution(const LaunchStamp& stamp, ActivityKind kind, const char* name, int device, int64_t stream,
@@ -89,6 +99,7 @@ void recordExecution(const LaunchStamp& stamp, ActivityKind kind, const char* na
   activity.correlation = stamp.correlation;
   activity.host_thread = stamp.host_thread;
   activity.launch_ns = stamp.launch_ns;
+  activity.projected_ns = stamp.projected_ns;
   activity.start_ns = start_ns;
   activity.end_ns = end_ns;
   activity.bytes = bytes;
@@ -123,6 +134,7 @@ Scope::Scope(ActivityKind kind, const char* name, int device, int64_t stream, st
   activity_.host_thread = currentThreadId();
   activity_.start_ns = nowNs();
   activity_.launch_ns = activity_.start_ns;
+  activity_.projected_ns = takeProjection();
 }
 
 Scope::~Scope() {

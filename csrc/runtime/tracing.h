@@ -37,6 +37,9 @@ struct Activity {
   // it launched it (start_ns for work that ran at once).
   int32_t host_thread = 0;
   int64_t launch_ns = 0;
+  // What the work would take on the chip a device profile describes (the
+  // layer above the HAL projects it, setNextProjection()); 0: not projected.
+  int64_t projected_ns = 0;
 };
 
 namespace detail {
@@ -56,6 +59,19 @@ void record(const Activity& activity);
 void pushCorrelation(uint64_t id);
 void popCorrelation();
 uint64_t currentCorrelation();
+
+// The projected device time of the next work the calling thread launches (see
+// Activity::projected_ns): taken by the next LaunchStamp or Scope on this
+// thread, then cleared. A HAL need not know of it: LaunchStamp::now() carries it.
+void setNextProjection(int64_t ns);
+// setNextProjection(ns) for its lifetime: what no launch took is cleared at the end.
+class Projection {
+ public:
+  explicit Projection(int64_t ns) { setNextProjection(ns); }
+  ~Projection() { setNextProjection(0); }
+  Projection(const Projection&) = delete;
+  Projection& operator=(const Projection&) = delete;
+};
 
 // The profiler's clock: nanoseconds since the epoch.
 int64_t nowNs();
@@ -77,6 +93,7 @@ struct LaunchStamp {
   uint64_t correlation = 0;  // the launching thread's current correlation id
   int32_t host_thread = 0;
   int64_t launch_ns = 0;
+  int64_t projected_ns = 0;
   // One relaxed load when tracing is off.
   static LaunchStamp now() {
     LaunchStamp stamp;

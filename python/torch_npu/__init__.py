@@ -20,6 +20,9 @@ import torch  # noqa: E402
 from . import _C, _patches  # noqa: E402
 _patches.record_host_allocator_redirect()  # _C wrapped the process's CPU allocator as it loaded
 
+from . import _profiles  # noqa: E402
+_profiles.from_environment()  # NPU_EMU_PROFILE: before the emulator reads NPU_EMU_MEMORY
+
 _environment_problem = _C._runtime_environment_error()
 if _environment_problem:  # a bad NPU_HAL or NPU_EMU_* value: say so now, not at the first npu call
     raise RuntimeError(f"torch_npu: {_environment_problem}")

@@ -17,6 +17,13 @@ Names may be given as "add", "aten::add", "aten::add.Tensor", "torch.add",
 (``torch.ops.aten.add.Tensor``); anything else raises TypeError. Without an overload, the op's
 primary overload answers.
 
+Under a device profile (NPU_EMU_PROFILE=ascend910b2) the answers are the
+chip's: an op outside its native set is "composite" or "cpu". Any profile can
+be asked without switching to it::
+
+    >>> torch_npu._ops_registry.get("_transformer_encoder_layer_fwd", profile="ascend910b2").backend
+    'cpu'
+
 Your own operators join the registry (see ``register``)::
 
     >>> torch_npu._ops_registry.register(name="my_custom_op", impl=lambda x, w: x * w, priority=200)
@@ -34,7 +41,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import _C
+from . import _C, _profiles
 from ._custom_ops import all_custom_ops, custom_op, register
 
 __all__ = ["OpInfo", "contains", "get", "backends_for_op", "list_ops", "summary", "num_registered", "register"]
@@ -72,41 +79,50 @@ def _op_name(name) -> str:
                     f"({type(name).__name__})")
 
 
-def get(name: str) -> Optional[OpInfo]:
-    """How the npu runs ``name``, or None if no such operator exists."""
+def _profile(profile: Optional[str]) -> Optional[str]:
+    """``profile`` defined in C++ (None: the active one)."""
+    if profile is not None:
+        _profiles.define(profile)
+    return profile
+
+
+def get(name: str, profile: Optional[str] = None) -> Optional[OpInfo]:
+    """How the npu runs ``name`` (under device profile ``profile``, default the active one), or None if no
+    such operator exists."""
     name = _op_name(name)
+    profile = _profile(profile)
     op = custom_op(name)
     if op is not None:
         return _custom_info(op)
-    resolved = _C._resolve_op(name)
+    resolved = _C._resolve_op(name, profile)
     return None if resolved is None else _info(resolved)
 
 
-def contains(name: str) -> bool:
+def contains(name: str, profile: Optional[str] = None) -> bool:
     """True if ``name`` has a native npu kernel (it runs on the npu without decomposition)."""
-    info = get(name)
+    info = get(name, profile)
     return info is not None and info.backend == "npu"
 
 
-def backends_for_op(name: str) -> List[str]:
+def backends_for_op(name: str, profile: Optional[str] = None) -> List[str]:
     """Every implementation of ``name`` that exists, e.g. ["npu", "cpu"]; [] if unknown."""
-    info = get(name)
+    info = get(name, profile)
     return [] if info is None else info.backends
 
 
-def list_ops(backend: Optional[str] = None) -> List[OpInfo]:
+def list_ops(backend: Optional[str] = None, profile: Optional[str] = None) -> List[OpInfo]:
     """All aten operators (each overload) and custom npu ops, optionally only those served by ``backend``."""
     if backend not in (None, "npu", "composite", "cpu", "none"):
         raise ValueError(f"backend must be 'npu', 'composite', 'cpu', 'none' or None, got {backend!r}")
-    ops = [_info(r) for r in _C._all_ops() if r[0].startswith("aten::")]
+    ops = [_info(r) for r in _C._all_ops(_profile(profile)) if r[0].startswith("aten::")]
     ops += [_custom_info(op) for op in all_custom_ops()]
     return [op for op in ops if backend is None or op.backend == backend]
 
 
-def summary() -> Dict[str, int]:
+def summary(profile: Optional[str] = None) -> Dict[str, int]:
     """How many operators (aten and custom) each backend serves."""
     counts: Dict[str, int] = {}
-    for op in list_ops():
+    for op in list_ops(profile=profile):
         counts[op.backend] = counts.get(op.backend, 0) + 1
     return counts
 

@@ -11,11 +11,15 @@ from ._device import (
     get_device_capability,
     get_device_name,
     get_device_properties,
+    get_profile,
+    get_soc_version,
     init,
+    list_profiles,
     is_available,
     is_initialized,
     mem_get_info,
     set_device,
+    set_profile,
     synchronize,
     _get_device_index,
     _is_in_bad_fork,
@@ -52,23 +56,28 @@ from . import amp  # noqa: E402
 
 
 def get_amp_supported_dtype():
-    """The dtypes torch.autocast("npu") may cast to."""
-    return [torch.float16, torch.bfloat16]
+    """The dtypes torch.autocast("npu") may cast to: float16, and bfloat16 where the chip has it."""
+    return [torch.float16, torch.bfloat16] if is_bf16_supported() else [torch.float16]
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
-    return True
+    """Whether the chip computes in bfloat16: False under the 910A and 310P profiles, which have no
+    bfloat16 units (npu ops on bfloat16 tensors raise there). Nothing emulates bfloat16 on them."""
+    from torch_npu import _profiles
+    return _profiles.active().bfloat16
 
 
 __all__ = [
     "Event", "Stream", "StreamContext", "amp", "current_device", "current_stream", "default_generators",
     "default_stream", "device", "device_count", "device_of", "empty_cache", "get_amp_supported_dtype",
-    "get_device_capability", "get_device_name", "get_device_properties", "get_rng_state",
-    "get_rng_state_all", "init", "initial_seed", "is_available", "is_bf16_supported", "is_initialized",
+    "get_device_capability", "get_device_name", "get_device_properties", "get_profile", "get_rng_state",
+    "get_rng_state_all", "get_soc_version", "init", "initial_seed", "is_available", "is_bf16_supported",
+    "is_initialized", "list_profiles",
     "manual_seed", "manual_seed_all", "max_memory_allocated", "max_memory_reserved", "mem_get_info",
     "memory_allocated", "memory_reserved", "memory_stats", "memory_summary",
     "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_peak_memory_stats", "seed",
-    "seed_all", "set_device", "set_rng_state", "set_rng_state_all", "set_stream", "stream", "synchronize",
+    "seed_all", "set_device", "set_profile", "set_rng_state", "set_rng_state_all", "set_stream", "stream",
+    "synchronize",
 ]
 
 

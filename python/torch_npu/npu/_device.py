@@ -4,7 +4,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from torch_npu import _C
+from torch_npu import _C, _profiles
 
 _DeviceLike = Union[torch.device, str, int, None]
 
@@ -110,16 +110,22 @@ def synchronize(device: _DeviceLike = None) -> None:
 
 @dataclass(frozen=True)
 class _NPUDeviceProperties:
+    """torch.cuda's fields, and the Ascend adapter's (cube_core_num, vector_core_num, L2_cache_size):
+    the chip's under a device profile, the host's on generic (L2_cache_size 0: unknown)."""
     name: str
     total_memory: int
     multi_processor_count: int
     major: int
     minor: int
+    cube_core_num: int
+    vector_core_num: int
+    L2_cache_size: int
 
     def __repr__(self) -> str:
         return (f"_NPUDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
                 f"total_memory={self.total_memory // (1024 * 1024)}MB, "
-                f"multi_processor_count={self.multi_processor_count})")
+                f"multi_processor_count={self.multi_processor_count}, cube_core_num={self.cube_core_num}, "
+                f"vector_core_num={self.vector_core_num}, L2_cache_size={self.L2_cache_size // (1024 * 1024)}MB)")
 
 
 def get_device_properties(device: _DeviceLike = None) -> _NPUDeviceProperties:
@@ -133,6 +139,38 @@ def get_device_name(device: _DeviceLike = None) -> str:
 def get_device_capability(device: _DeviceLike = None) -> tuple:
     props = get_device_properties(device)
     return props.major, props.minor
+
+
+def get_soc_version() -> int:
+    """The chip's SoC version as the Ascend adapter numbers it (910B2 = 221, A3 = 250..., 310P3 = 202).
+
+    The generic device is no chip: it raises, naming the profiles that are."""
+    profile = _profiles.active()
+    if not profile.is_chip:
+        raise RuntimeError(
+            "torch.npu.get_soc_version(): the npu is the generic emulated device (device profile 'generic'), "
+            "not an Ascend chip, so it has no SoC version. Emulate a chip with NPU_EMU_PROFILE=<name> or "
+            "torch_npu.npu.set_profile(name) before the first npu use; chips: "
+            + ", ".join(n for n in _profiles.names() if n != _profiles.GENERIC))
+    return profile.soc_version
+
+
+def list_profiles() -> dict:
+    """Every device profile: {name: one line describing it}; the active one is marked."""
+    active = _C._active_profile()
+    return {name: _profiles.load(name).description + (" (active)" if name == active else "")
+            for name in _profiles.names()}
+
+
+def set_profile(name: str) -> None:
+    """Makes the npu behave as chip ``name`` (see list_profiles()) from its first use on, as
+    NPU_EMU_PROFILE does. Raises once the npu started as another profile."""
+    _profiles.activate(name)
+
+
+def get_profile() -> str:
+    """The name of the active device profile ("generic" by default)."""
+    return _C._active_profile()
 
 
 def mem_get_info(device: _DeviceLike = None) -> tuple:

@@ -1,0 +1,190 @@
+#include "profile.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "device.h"
+
+namespace npu::profile {
+namespace {
+
+std::mutex& mutex() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+
+std::map<std::string, std::shared_ptr<const DeviceProfile>>& profiles() {
+  static auto* all = new std::map<std::string, std::shared_ptr<const DeviceProfile>>{
+      {"generic", std::make_shared<const DeviceProfile>()}};
+  return *all;
+}
+
+// Read on every op: a plain pointer, set before the device starts and never freed.
+const DeviceProfile* g_active = nullptr;
+
+std::string knownNames() {
+  std::string out;
+  for (const auto& [name, p] : profiles()) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
+}  // namespace
+
+bool DeviceProfile::runsNatively(const c10::OperatorName& op) const {
+  if (!restricts_ops) return true;
+  if (op.name.rfind("aten::", 0) != 0) return true;  // the chip's list covers aten only
+  std::string key = op.name.substr(6);
+  if (!op.overload_name.empty()) key += "." + op.overload_name;
+  return native_ops.count(key) != 0;
+}
+
+void define(DeviceProfile profile) {
+  TORCH_CHECK(!profile.name.empty(), "torch_npu: a device profile needs a name");
+  std::lock_guard<std::mutex> lock(mutex());
+  auto& slot = profiles()[profile.name];
+  TORCH_CHECK(g_active == nullptr || slot.get() != g_active,
+              "torch_npu: device profile '", profile.name, "' is active and cannot be redefined");
+  slot = std::make_shared<const DeviceProfile>(std::move(profile));
+}
+
+std::shared_ptr<const DeviceProfile> find(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex());
+  auto it = profiles().find(name);
+  TORCH_CHECK(it != profiles().end(), "torch_npu: no device profile named '", name, "'; known: ", knownNames());
+  return it->second;
+}
+
+void activate(const std::string& name) {
+  auto profile = find(name);
+  std::lock_guard<std::mutex> lock(mutex());
+  if (g_active == profile.get()) return;
+  TORCH_CHECK(!runtimeInitialized(), "torch_npu: the device profile is chosen before the npu starts, and it "
+              "already started as '", active().name, "'; set NPU_EMU_PROFILE=", name,
+              " or call torch_npu.npu.set_profile('", name, "') before the first npu use");
+  g_active = profile.get();  // kept alive by profiles(): an active profile is never redefined
+}
+
+const DeviceProfile& active() {
+  static const DeviceProfile generic;
+  const DeviceProfile* p = g_active;
+  return p != nullptr ? *p : generic;
+}
+
+bool decomposesOffChip(const c10::OperatorHandle& op) {
+  return op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+         op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+}
+
+// ---- The cost model ---------------------------------------------------------
+
+int64_t projectKernelNs(const CostModel& cost, const KernelWork& work) {
+  const bool half = work.dtype == c10::kHalf || work.dtype == c10::kBFloat16 || !c10::isFloatingType(work.dtype);
+  double peak_tflops = work.cube ? (half ? cost.cube_fp16_tflops : cost.cube_fp32_tflops)
+                                 : (half ? cost.vector_fp16_tflops : cost.vector_fp16_tflops / 2);
+  const double compute_ns = peak_tflops > 0 ? work.flops / (peak_tflops * 1e3) : 0;  // TFLOP/s = 1e3 FLOP/ns
+  const double memory_ns = cost.memory_gbps > 0 ? work.bytes / cost.memory_gbps : 0;  // GB/s = B/ns
+  return static_cast<int64_t>(cost.launch_us * 1e3 + std::max(compute_ns, memory_ns) + 0.5);
+}
+
+int64_t projectCopyNs(const CostModel& cost, double bytes, bool crosses_link) {
+  const double gbps = crosses_link ? cost.link_gbps : cost.memory_gbps / 2;  // within: read and write
+  return static_cast<int64_t>(cost.launch_us * 1e3 + (gbps > 0 ? bytes / gbps : 0) + 0.5);
+}
+
+namespace {
+
+double numel(const at::Tensor& t) { return t.defined() ? static_cast<double>(t.numel()) : 0; }
+
+// Calls f(t) for a tensor argument and each tensor of a list (Tensor[], Tensor?[]).
+template <typename F>
+void eachTensor(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) {
+    f(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorVector()) f(t);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isTensor()) f(e.toTensor());
+    }
+  }
+}
+
+const at::Tensor* tensorAt(const torch::jit::Stack& stack, size_t begin, size_t i) {
+  if (begin + i >= stack.size() || !stack[begin + i].isTensor()) return nullptr;
+  return &stack[begin + i].toTensor();
+}
+
+// FLOPs of the matrix ops, by the shapes of their operands (multiply-adds count two).
+std::optional<double> cubeFlops(const std::string& name, const torch::jit::Stack& stack, size_t begin) {
+  auto t = [&](size_t i) { return tensorAt(stack, begin, i); };
+  if (name == "aten::mm" || name == "aten::bmm" || name == "aten::matmul") {
+    const at::Tensor *a = t(0), *b = t(1);
+    if (a == nullptr || b == nullptr || a->dim() < 2 || b->dim() < 2) return std::nullopt;
+    return 2.0 * numel(*a) * b->size(-1);
+  }
+  if (name == "aten::addmm" || name == "aten::baddbmm" || name == "aten::addbmm") {
+    const at::Tensor *a = t(1), *b = t(2);
+    if (a == nullptr || b == nullptr || a->dim() < 2 || b->dim() < 2) return std::nullopt;
+    return 2.0 * numel(*a) * b->size(-1);
+  }
+  const bool backward = name == "aten::convolution_backward_overrideable" || name == "aten::convolution_backward";
+  if (backward || name == "aten::convolution" || name == "aten::_convolution" ||
+      name == "aten::convolution_overrideable") {
+    // Backward: grad_output, input, weight; the input's and the weight's gradient each cost a forward.
+    const at::Tensor *input = t(backward ? 1 : 0), *weight = t(backward ? 2 : 1);
+    if (input == nullptr || weight == nullptr || weight->dim() < 3) return std::nullopt;
+    const double passes = backward ? 2.0 : 1.0;
+    // Each output element is a dot product over weight[0]: out = N * Cout * spatial.
+    // The output's spatial size is unknown before the kernel: take the input's (stride 1, same padding).
+    double spatial = 1;
+    for (int64_t d = 2; d < input->dim(); ++d) spatial *= static_cast<double>(input->size(d));
+    return passes * 2.0 * static_cast<double>(input->size(0)) * static_cast<double>(weight->size(0)) * spatial *
+           (numel(*weight) / static_cast<double>(weight->size(0)));
+  }
+  if (name.rfind("aten::_scaled_dot_product", 0) == 0 || name.rfind("aten::_flash_attention", 0) == 0) {
+    const at::Tensor *q = t(0), *k = t(1);
+    if (q == nullptr || k == nullptr || q->dim() < 2) return std::nullopt;
+    // QK^T and PV: 2 * (2 * L * S * E) per batch-head.
+    return 4.0 * numel(*q) * static_cast<double>(k->size(-2));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+KernelWork estimateWork(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  KernelWork work;
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  const size_t begin = stack.size() >= n ? stack.size() - n : 0;
+  double largest = 0;
+  bool dtype_set = false;
+  bool has_out = false;
+  for (size_t i = begin; i < stack.size(); ++i) {
+    has_out = has_out || schema.arguments()[i - begin].is_out();
+    eachTensor(stack[i], [&](const at::Tensor& t) {
+      if (!t.defined()) return;
+      const double bytes = numel(t) * static_cast<double>(t.itemsize());
+      work.bytes += bytes;
+      largest = std::max(largest, numel(t));
+      if (!dtype_set && c10::isFloatingType(t.scalar_type())) {
+        work.dtype = t.scalar_type();
+        dtype_set = true;
+      }
+    });
+  }
+  if (auto flops = cubeFlops(schema.name(), stack, begin)) {
+    work.cube = true;
+    work.flops = *flops;
+    return work;  // the output is small beside the operands' traffic for these ops
+  }
+  work.flops = largest;  // one operation per element of the largest operand
+  // A functional op also writes a result about the size of its largest operand.
+  if (!has_out) work.bytes += largest * static_cast<double>(c10::elementSize(work.dtype));
+  return work;
+}
+
+}  // namespace npu::profile

@@ -1,0 +1,92 @@
+// Device profiles: which chip the emulated npu behaves as. A profile is data
+// (python/torch_npu/profiles/*.toml, read by torch_npu._profiles) handed to C++
+// once, before the device starts: the chip's identity and properties, the aten
+// overloads it runs natively (others take the CPU fallback, as an op without a
+// kernel does), its dtypes (bfloat16, inf/nan), and a cost model that projects
+// how long each kernel and copy would take on it (the profiler shows it beside
+// the emulator's own time). "generic" is the ideal device: every op the op
+// library has is native, no identity of a real chip, no cost model.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+namespace npu::profile {
+
+// Throughputs and latencies of a chip, each from a named source (the profile's
+// file says which are estimates). Absent for the generic device.
+struct CostModel {
+  double launch_us = 0;           // per kernel or copy: launch and scheduling overhead
+  double cube_fp16_tflops = 0;    // matrix unit, float16 and bfloat16
+  double cube_fp32_tflops = 0;    // matrix unit, float32
+  double vector_fp16_tflops = 0;  // vector units, 16-bit types (float32 at half)
+  double memory_gbps = 0;         // device memory bandwidth, GB/s
+  double link_gbps = 0;           // host <-> device link, GB/s each way
+};
+
+struct DeviceProfile {
+  std::string name = "generic";         // "ascend910b2"
+  std::string description;              // one line, for list_profiles()
+  std::string device_name = "Emulated NPU";
+  std::optional<int> soc_version;       // the Ascend adapter's SocVersion; none on generic
+  int cube_core_num = 0;                // a chip's; the generic device reports the host's cores
+  int vector_core_num = 0;              // 0 on chips whose vector units sit in the AI cores (910A)
+  int64_t l2_cache_size = 0;            // 0: unknown (generic)
+  int64_t total_memory = 0;             // 0: the emulator's capacity
+  bool bfloat16 = true;
+  bool inf_nan = true;                  // false: float16 overflow saturates to +-65504
+  // Restricts the native set to `native_ops` ("add.Tensor", "_assert_async"):
+  // false on generic, where every op with an npu kernel is native.
+  bool restricts_ops = false;
+  std::unordered_set<std::string> native_ops;
+  std::optional<CostModel> cost;
+
+  bool isChip() const { return soc_version.has_value(); }
+  // Whether the chip runs `op` natively (always true when !restricts_ops).
+  bool runsNatively(const c10::OperatorName& op) const;
+};
+
+// Adds (or replaces) a profile by its name; what python reads from a file.
+void define(DeviceProfile profile);
+// The profile defined under `name`; throws c10::Error listing the known ones.
+std::shared_ptr<const DeviceProfile> find(const std::string& name);
+// Makes `name` the active profile. Raises once the npu runtime started: the
+// device is that chip from its first use on.
+void activate(const std::string& name);
+// The active profile (generic until activate()).
+const DeviceProfile& active();
+
+// The aten ops the chip does not run natively and that nothing decomposes
+// either, that is, the ops that take the CPU fallback under this profile
+// though the op library has a kernel for them.
+bool decomposesOffChip(const c10::OperatorHandle& op);
+
+// ---- The cost model ---------------------------------------------------------
+
+// What a kernel does, for its projected time.
+struct KernelWork {
+  double flops = 0;
+  bool cube = false;  // runs on the matrix unit (matmul, convolution, attention)
+  c10::ScalarType dtype = c10::kFloat;
+  double bytes = 0;   // read and written in device memory
+};
+
+// Launch overhead plus the longer of compute at the chip's peak for the unit
+// and dtype and memory traffic at its bandwidth, in nanoseconds.
+int64_t projectKernelNs(const CostModel& cost, const KernelWork& work);
+// A copy of `bytes` over the host link (host_to_or_from_device) or within device memory.
+int64_t projectCopyNs(const CostModel& cost, double bytes, bool crosses_link);
+// The work of aten op `op` on the arguments in `stack` (its last
+// schema().arguments().size() entries): FLOPs by formula for the matrix ops,
+// one per output element for the others; bytes of every tensor argument plus
+// an estimate of the output.
+KernelWork estimateWork(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
+
+}  // namespace npu::profile

@@ -1,0 +1,141 @@
+"""Device profiles: which chip the emulated npu behaves as.
+
+A profile is a file in ``torch_npu/profiles/`` (``<name>.toml``): the chip's
+identity and properties, its dtypes, the aten overloads it runs natively (a
+list it names) and its cost model, each figure with its source. This module
+reads the files and hands them to C++ (csrc/core/profile.h), which decides.
+Adding a chip is adding a file.
+
+Pick one with ``NPU_EMU_PROFILE=<name>`` or ``torch_npu.npu.set_profile(name)``,
+before the npu's first use.
+"""
+import functools
+import os
+import tomllib
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, List, Optional
+
+from . import _C
+
+PROFILE_DIR = os.path.join(os.path.dirname(__file__), "profiles")
+GENERIC = "generic"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A device profile as its file describes it."""
+
+    name: str
+    description: str
+    device_name: str
+    soc_version: Optional[int]
+    family: Optional[str]
+    properties: Dict[str, int]
+    bfloat16: bool
+    inf_nan: bool
+    native_ops: Optional[FrozenSet[str]]  # None: every op with an npu kernel (generic)
+    cost: Optional[Dict[str, float]]
+
+    @property
+    def is_chip(self) -> bool:
+        return self.soc_version is not None
+
+
+def names() -> List[str]:
+    """Every profile that has a file, generic first."""
+    found = sorted(f[:-5] for f in os.listdir(PROFILE_DIR) if f.endswith(".toml"))
+    return sorted(found, key=lambda n: n != GENERIC)
+
+
+def _fail(name: str, problem: str):
+    raise ValueError(f"torch_npu device profile '{name}' ({os.path.join(PROFILE_DIR, name + '.toml')}): {problem}")
+
+
+@functools.lru_cache(maxsize=None)
+def _native_ops(list_file: str, families: FrozenSet[str]) -> FrozenSet[str]:
+    ops = set()
+    with open(os.path.join(PROFILE_DIR, list_file)) as f:
+        for line in f:
+            if line.startswith("#") or not line.strip():
+                continue
+            overload, kinds = line.rstrip("\n").split("\t")[:2]
+            if families & set(kinds.split("+")):
+                ops.add(overload)
+    return frozenset(ops)
+
+
+@functools.lru_cache(maxsize=None)
+def load(name: str) -> Profile:
+    """The profile ``name`` from its file; ValueError naming the known ones."""
+    if not isinstance(name, str) or name not in names():
+        raise ValueError(f"torch_npu: no device profile named {name!r}; known: {', '.join(names())} "
+                         f"(torch_npu.npu.list_profiles() describes each)")
+    with open(os.path.join(PROFILE_DIR, name + ".toml"), "rb") as f:
+        data = tomllib.load(f)
+    if data.get("name") != name:
+        _fail(name, f"its name field is {data.get('name')!r}, not the file's name")
+    identity, dtypes = data.get("identity", {}), data.get("dtypes", {})
+    native_ops = None
+    if "ops" in data:
+        families = frozenset(data["ops"].get("kernel_families", ()))
+        if not families:
+            _fail(name, "[ops] needs kernel_families")
+        native_ops = _native_ops(data["ops"]["native"], families) | frozenset(data["ops"].get("native_parts", ()))
+    cost = data.get("cost")
+    if cost is not None:
+        needed = {"launch_us", "cube_fp16_tflops", "cube_fp32_tflops", "vector_fp16_tflops", "memory_gbps",
+                  "link_gbps"}
+        if needed - cost.keys():
+            _fail(name, f"[cost] lacks {', '.join(sorted(needed - cost.keys()))}")
+    return Profile(name=name, description=data.get("description", ""),
+                   device_name=identity.get("device_name", "Emulated NPU"),
+                   soc_version=identity.get("soc_version"), family=identity.get("family"),
+                   properties=dict(data.get("properties", {})), bfloat16=dtypes.get("bfloat16", True),
+                   inf_nan=dtypes.get("inf_nan", True), native_ops=native_ops, cost=cost)
+
+
+def define(name: str) -> Profile:
+    """Loads ``name`` and defines it in C++ (once), so the registry can answer for it."""
+    profile = load(name)
+    if name not in _defined:
+        props = profile.properties
+        _C._define_profile({
+            "name": profile.name, "description": profile.description, "device_name": profile.device_name,
+            "soc_version": profile.soc_version, "cube_core_num": props.get("cube_core_num", 0),
+            "vector_core_num": props.get("vector_core_num", 0), "L2_cache_size": props.get("L2_cache_size", 0),
+            "total_memory": props.get("total_memory", 0), "bfloat16": profile.bfloat16, "inf_nan": profile.inf_nan,
+            "native_ops": None if profile.native_ops is None else sorted(profile.native_ops),
+            "cost": profile.cost,
+        })
+        _defined.add(name)
+    return profile
+
+
+_defined = set()
+
+
+def activate(name: str) -> Profile:
+    """Makes the npu behave as ``name`` from its first use on; raises once it started as another."""
+    profile = define(name)
+    _C._activate_profile(name)
+    return profile
+
+
+def active() -> Profile:
+    return load(_C._active_profile())
+
+
+def from_environment() -> None:
+    """At import, before the emulator reads its settings: NPU_EMU_PROFILE picks
+    the profile (default generic), and under a chip profile the emulator's
+    memory (NPU_EMU_MEMORY) defaults to the chip's."""
+    name = os.environ.get("NPU_EMU_PROFILE", "").strip()
+    if not name:
+        return
+    try:
+        profile = activate(name)
+    except ValueError as e:
+        raise ValueError(f"NPU_EMU_PROFILE={name!r}: {e}") from None
+    memory = profile.properties.get("total_memory")
+    if memory and not os.environ.get("NPU_EMU_MEMORY", "").strip():
+        os.environ["NPU_EMU_MEMORY"] = str(memory)
