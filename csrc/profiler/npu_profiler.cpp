@@ -9,6 +9,16 @@
 //
 // The legacy autograd profiler with use_kineto=False reads device time through
 // ProfilerStubs: timing events on the current stream around each op.
+//
+// Under a device profile with a cost model (core/profile.h), each kernel, copy
+// and CPU fallback (with the copies inside it) also gets its projected time on
+// that chip: `projected_us` in its trace args, and a record the session keeps
+// (torch_npu._C._profiler_projections()), laid out per stream as the chip
+// would run them. torch_npu.profiler reads those for the "NPU projected"
+// column, analyse() and the projected track it adds to exported traces. They
+// stay out of Kineto's activities: PyTorch turns every device activity into an
+// event that counts as device time.
+//
 // Kineto's addMetadata (numeric trace args, as CUDA's traces have) formats
 // with fmt, whose library torch does not export: compile fmt inline here.
 #define FMT_HEADER_ONLY
@@ -23,11 +33,18 @@
 #include <libkineto.h>
 #include <output_base.h>
 
+#include <algorithm>
 #include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
+
+#include "npu_profiler.h"
 
 #include "../core/device.h"
+#include "../core/profile.h"
 #include "../core/stream.h"
 #include "../runtime/hal.h"
 #include "../runtime/tracing.h"
@@ -64,6 +81,88 @@ const char* launchName(tracing::ActivityKind kind) {
     default: break;
   }
   return "npuLaunchKernel";
+}
+
+// ---- Projection onto the chip of the device profile ---------------------------
+
+const char* projectedKind(tracing::ActivityKind kind) {
+  switch (kind) {
+    case tracing::ActivityKind::Memcpy: return "memcpy";
+    case tracing::ActivityKind::Fallback: return "fallback";
+    default: break;
+  }
+  return "kernel";
+}
+
+// What `a` would take on the chip: a kernel its projection from the op library
+// (FLOPs and bytes) or, without one, a memory-bound estimate from its bytes; a
+// copy over the host link or within device memory; a CPU fallback its copies
+// both ways over the link plus its host work, which the host does on the real
+// system too: its duration less the emulated device work inside it
+// (`nested_ns`, see NestedInFallbacks). 0 for host waits.
+int64_t projectNs(const profile::CostModel& cost, const tracing::Activity& a, int64_t nested_ns) {
+  switch (a.kind) {
+    case tracing::ActivityKind::Kernel:
+      if (a.projected_ns > 0) return a.projected_ns;
+      return profile::projectKernelNs(cost, profile::KernelWork{0, false, c10::kFloat, static_cast<double>(a.bytes)});
+    case tracing::ActivityKind::Memcpy:
+      return profile::projectCopyNs(cost, static_cast<double>(a.bytes),
+                                    a.copy_kind != runtime::CopyKind::DeviceToDevice);
+    case tracing::ActivityKind::Fallback:
+      return profile::projectCopyNs(cost, static_cast<double>(a.bytes), true) +
+             std::max<int64_t>(0, a.end_ns - a.start_ns - nested_ns);
+    case tracing::ActivityKind::Synchronize: break;
+  }
+  return 0;
+}
+
+// The emulated device work inside each CPU fallback: the copies of its
+// arguments and results (and any kernel it launched) run on the stream it
+// holds, within its span. A fallback's projection covers its copies, so those
+// are not projected again; a kernel inside it keeps its own.
+struct NestedInFallbacks {
+  std::vector<int64_t> device_ns;  // per activity: for a fallback, the measured device work inside it
+  std::vector<bool> folded;        // per activity: a copy inside a fallback
+
+  explicit NestedInFallbacks(const std::vector<tracing::Activity>& activities)
+      : device_ns(activities.size(), 0), folded(activities.size(), false) {
+    // Per stream, its fallbacks by start: a hold lets nothing else run, so they do not overlap.
+    std::map<std::pair<int, int64_t>, std::vector<size_t>> fallbacks;
+    for (size_t i = 0; i < activities.size(); ++i) {
+      const auto& a = activities[i];
+      if (a.kind == tracing::ActivityKind::Fallback) fallbacks[{a.device, a.stream}].push_back(i);
+    }
+    if (fallbacks.empty()) return;
+    auto starts_before = [&](int64_t t, size_t f) { return t < activities[f].start_ns; };
+    for (auto& [key, list] : fallbacks) {
+      (void)key;
+      std::sort(list.begin(), list.end(),
+                [&](size_t x, size_t y) { return activities[x].start_ns < activities[y].start_ns; });
+    }
+    for (size_t i = 0; i < activities.size(); ++i) {
+      const auto& a = activities[i];
+      if (a.kind != tracing::ActivityKind::Kernel && a.kind != tracing::ActivityKind::Memcpy) continue;
+      const auto found = fallbacks.find({a.device, a.stream});
+      if (found == fallbacks.end()) continue;
+      const auto& list = found->second;
+      const auto after = std::upper_bound(list.begin(), list.end(), a.start_ns, starts_before);
+      if (after == list.begin()) continue;
+      const size_t f = *(after - 1);  // the last fallback that began before it
+      if (a.end_ns > activities[f].end_ns) continue;
+      device_ns[f] += a.end_ns - a.start_ns;
+      folded[i] = a.kind == tracing::ActivityKind::Memcpy;
+    }
+  }
+};
+
+// The last processed session's projections (empty under a profile without a
+// cost model), until the next profiler is configured.
+std::mutex g_projections_mutex;
+std::vector<Projected> g_projections;
+
+void setProjections(std::vector<Projected> projections) {
+  std::lock_guard<std::mutex> lock(g_projections_mutex);
+  g_projections = std::move(projections);
 }
 
 // Waits for the work queued on every npu stream, leaving kernel errors pending
@@ -104,7 +203,13 @@ class NpuSession final : public libkineto::IActivityProfilerSession {
     buffer_ = std::make_unique<libkineto::CpuTraceBuffer>();
     buffer_->span = libkineto::TraceSpan(start_ns, end_ns, "NPU");
     const int32_t pid = libkineto::processId();
-    for (const tracing::Activity& a : activities_) {
+    const std::optional<profile::CostModel>& cost = profile::active().cost;
+    std::vector<Projected> projections;
+    std::map<std::pair<int, int64_t>, int64_t> chip_stream_end;  // where each stream's projected work ends
+    const std::optional<NestedInFallbacks> nested =
+        cost ? std::optional<NestedInFallbacks>(std::in_place, activities_) : std::nullopt;
+    for (size_t index = 0; index < activities_.size(); ++index) {
+      const tracing::Activity& a = activities_[index];
       if (a.end_ns < start_ns || a.start_ns > end_ns) continue;  // outside the profiled window
       const bool fallback = a.kind == tracing::ActivityKind::Fallback;
       buffer_->emplace_activity(buffer_->span, kinetoType(a.kind),
@@ -154,8 +259,27 @@ class NpuSession final : public libkineto::IActivityProfilerSession {
       } else if (a.bytes != 0) {
         act.addMetadata("bytes", a.bytes);
       }
+      if (cost && a.kind != tracing::ActivityKind::Synchronize && !nested->folded[index]) {
+        // In stream order on the chip: no earlier than its launch, after the
+        // stream's previous work (activities are recorded as they complete,
+        // in each stream's order).
+        Projected p;
+        p.correlation = a.correlation;
+        p.device = a.device;
+        p.stream = a.stream;
+        p.projected_ns = projectNs(*cost, a, nested->device_ns[index]);
+        int64_t& stream_end = chip_stream_end[{a.device, a.stream}];
+        p.start_ns = std::max(a.launch_ns, stream_end);
+        stream_end = p.start_ns + p.projected_ns;
+        p.kind = projectedKind(a.kind);
+        p.name = act.activityName;
+        p.measured_start_ns = a.start_ns;
+        act.addMetadata("projected_us", static_cast<double>(p.projected_ns) / 1e3);
+        projections.push_back(std::move(p));
+      }
       act.log(logger);
     }
+    setProjections(std::move(projections));
     status_ = libkineto::TraceStatus::READY;
   }
 
@@ -191,6 +315,7 @@ class NpuActivityProfiler final : public libkineto::IActivityProfiler {
 
   std::unique_ptr<libkineto::IActivityProfilerSession> configure(const std::set<ActivityType>& requested,
                                                                  const libkineto::Config& /*config*/) override {
+    setProjections({});  // a new profile: the last one's projections are not its
     // PRIVATEUSE1_RUNTIME comes with every CPU-only request too: only device
     // activities start a session, so CPU-only profiles pay no npu tracing.
     if (requested.count(ActivityType::CONCURRENT_KERNEL) != 0 || requested.count(ActivityType::GPU_MEMCPY) != 0) {
@@ -260,5 +385,10 @@ struct RegisterStubs {
 
 // Handed to Kineto when a profiler with ProfilerActivity.NPU starts.
 REGISTER_PRIVATEUSE1_PROFILER(NpuActivityProfiler);
+
+std::vector<Projected> lastProjections() {
+  std::lock_guard<std::mutex> lock(g_projections_mutex);
+  return g_projections;
+}
 
 }  // namespace npu::profiler

@@ -14,6 +14,8 @@
 #include "../core/generator.h"
 #include "../core/host_allocator.h"
 #include "../core/launch.h"
+#include "../core/profile.h"
+#include "../profiler/npu_profiler.h"
 #include "../core/stream.h"
 #include "../dispatch/fallback.h"
 #include "../dispatch/cpu_kernel.h"
@@ -26,6 +28,7 @@
 namespace npu {
 void registerHooks();  // core/hooks.cpp
 }
+
 
 namespace {
 
@@ -65,15 +68,77 @@ void bindRuntime(py::module_& m) {
   // Validates a stream id of an npu device (torch.npu.Stream(stream_id=...)).
   m.def("_check_stream", [](int64_t id, int64_t d) { npu::runtimeStream(unpackStream(id, d)); });
   m.def("_pinned_pending_uses", [] { return npu::pinnedPendingUses(); });
+  // The HAL's properties, with the identity of the device profile's chip.
   m.def("_device_properties", [](int64_t d) {
     const auto& p = npu::runtimeDevice(npu::toDeviceIndex(d)).properties();
+    const auto& chip = npu::profile::active();
     py::dict out;
-    out["name"] = p.name;
-    out["total_memory"] = p.total_memory;
-    out["multi_processor_count"] = p.compute_units;
+    out["name"] = chip.isChip() ? chip.device_name : p.name;
+    // The chip's memory, capped by what the emulator holds (NPU_EMU_MEMORY).
+    out["total_memory"] = chip.total_memory > 0 ? std::min<int64_t>(chip.total_memory, p.total_memory)
+                                                : static_cast<int64_t>(p.total_memory);
+    // A chip's cores; the generic device computes on the host's.
+    out["multi_processor_count"] = chip.isChip() ? chip.cube_core_num : p.compute_units;
     out["major"] = p.major;
     out["minor"] = p.minor;
+    out["cube_core_num"] = chip.isChip() ? chip.cube_core_num : p.compute_units;
+    out["vector_core_num"] = chip.isChip() ? chip.vector_core_num : p.compute_units;
+    out["L2_cache_size"] = chip.l2_cache_size;
     return out;
+  });
+  // Device profiles (core/profile.h): torch_npu._profiles reads the files and defines them here.
+  m.def("_define_profile", [](py::dict d) {
+    npu::profile::DeviceProfile p;
+    p.name = d["name"].cast<std::string>();
+    p.description = d["description"].cast<std::string>();
+    p.device_name = d["device_name"].cast<std::string>();
+    if (!d["soc_version"].is_none()) p.soc_version = d["soc_version"].cast<int>();
+    p.cube_core_num = d["cube_core_num"].cast<int>();
+    p.vector_core_num = d["vector_core_num"].cast<int>();
+    p.l2_cache_size = d["L2_cache_size"].cast<int64_t>();
+    p.total_memory = d["total_memory"].cast<int64_t>();
+    p.bfloat16 = d["bfloat16"].cast<bool>();
+    p.inf_nan = d["inf_nan"].cast<bool>();
+    if (!d["native_ops"].is_none()) {
+      p.restricts_ops = true;
+      for (const auto& name : d["native_ops"]) p.native_ops.insert(name.cast<std::string>());
+    }
+    if (!d["cost"].is_none()) {
+      py::dict c = d["cost"];
+      npu::profile::CostModel cost;
+      cost.launch_us = c["launch_us"].cast<double>();
+      cost.cube_fp16_tflops = c["cube_fp16_tflops"].cast<double>();
+      cost.cube_fp32_tflops = c["cube_fp32_tflops"].cast<double>();
+      cost.vector_fp16_tflops = c["vector_fp16_tflops"].cast<double>();
+      cost.memory_gbps = c["memory_gbps"].cast<double>();
+      cost.link_gbps = c["link_gbps"].cast<double>();
+      p.cost = cost;
+    }
+    npu::profile::define(std::move(p));
+  });
+  // The last profiling session's projections onto the profile's chip:
+  // (correlation, device, stream, start_ns, projected_ns, kind, name, measured_start_ns).
+  m.def("_profiler_projections", [] {
+    py::list out;
+    for (const auto& p : npu::profiler::lastProjections()) {
+      out.append(py::make_tuple(p.correlation, p.device, p.stream, p.start_ns, p.projected_ns, p.kind, p.name,
+                                p.measured_start_ns));
+    }
+    return out;
+  });
+  m.def("_activate_profile", [](const std::string& name) { npu::profile::activate(name); });
+  m.def("_active_profile", [] { return npu::profile::active().name; });
+  // Projected times of the cost model, for tests and torch_npu.profiler: (ns).
+  m.def("_project_kernel_ns", [](double flops, bool cube, py::object dtype, double bytes) {
+    const auto& chip = npu::profile::active();
+    TORCH_CHECK(chip.cost.has_value(), "torch_npu: device profile '", chip.name, "' has no cost model");
+    npu::profile::KernelWork work{flops, cube, torch::python::detail::py_object_to_dtype(dtype), bytes};
+    return npu::profile::projectKernelNs(*chip.cost, work);
+  });
+  m.def("_project_copy_ns", [](double bytes, bool crosses_link) {
+    const auto& chip = npu::profile::active();
+    TORCH_CHECK(chip.cost.has_value(), "torch_npu: device profile '", chip.name, "' has no cost model");
+    return npu::profile::projectCopyNs(*chip.cost, bytes, crosses_link);
   });
   // Kernels for tests of asynchrony and error reporting (torch.npu._sleep, ...).
   m.def("_launch_sleep", [](int64_t d, double ms) {
@@ -257,16 +322,19 @@ void bindDispatch(py::module_& m) {
       }
     });
   });
-  m.def("_resolve_op", [](const std::string& name) -> py::object {
-    auto r = npu::dispatch::resolveOp(name);
+  // profile: a defined profile's name, or None for the active one.
+  m.def("_resolve_op", [](const std::string& name, std::optional<std::string> profile) -> py::object {
+    auto chip = profile ? npu::profile::find(*profile) : nullptr;
+    auto r = npu::dispatch::resolveOp(name, chip ? *chip : npu::profile::active());
     if (!r) return py::none();
     return packResolution(*r);
-  });
-  m.def("_all_ops", [] {
+  }, py::arg("name"), py::arg("profile") = py::none());
+  m.def("_all_ops", [](std::optional<std::string> profile) {
+    auto chip = profile ? npu::profile::find(*profile) : nullptr;
     py::list out;
-    for (const auto& r : npu::dispatch::allOps()) out.append(packResolution(r));
+    for (const auto& r : npu::dispatch::allOps(chip ? *chip : npu::profile::active())) out.append(packResolution(r));
     return out;
-  });
+  }, py::arg("profile") = py::none());
   m.def("_random_ops_given_the_npu_draw", [] { return npu::dispatch::randomOpsGivenTheNpuDraw(); });
   // The npu's floating dtypes ("float32", ...), defined once (csrc/ops/dtypes.h).
   m.def("_floating_dtypes", [] {
