@@ -5,7 +5,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = ["bench_foundation.py", "bench_ops.py", "bench_fused.py", "bench_profiler.py", "bench_doctor.py", "bench_amp.py",
-           "bench_models.py"]
+           "bench_models.py", "bench_profiles.py"]
 
 
 def main():
