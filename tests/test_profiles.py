@@ -329,3 +329,25 @@ def test_16_bit_convolution_and_its_gradients_compute_in_float32(dtype):
     torch.nn.functional.conv2d(xf, wf, padding=1).backward(torch.ones_like(ref))
     torch.testing.assert_close(xn.grad.cpu(), xf.grad.to(dtype), rtol=0, atol=0)
     torch.testing.assert_close(wn.grad.cpu(), wf.grad.to(dtype), rtol=0, atol=0)
+
+
+DOCTOR = r"""
+import json, torch, torch_npu
+from torch_npu.doctor import Doctor
+layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).npu().eval()
+with Doctor(profile=False) as d:
+    for _ in range(3):
+        with torch.no_grad():
+            layer(torch.randn(2, 3, 8, device="npu"))
+        d.step()
+print(json.dumps({"report": str(d.report()), "remedies": [f.remedy for f in d.findings if f.kind == "cpu_fallback"]}))
+"""
+
+
+def test_the_doctor_reports_the_chips_fallbacks_and_where_the_op_is_native():
+    got = run_under("ascend910b2", DOCTOR)
+    assert "(Ascend910B2)" in got["report"]
+    [remedy] = got["remedies"]
+    assert remedy.startswith("Ascend910B2 (device profile 'ascend910b2') has no native kernel for "
+                             "aten::_transformer_encoder_layer_fwd")
+    assert "No Ascend chip profile runs it natively" in remedy

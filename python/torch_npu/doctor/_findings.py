@@ -94,6 +94,26 @@ _FALLBACK_REMEDY = {
 }
 
 
+def _no_kernel_on_chip(op):
+    """Under a chip profile: the remedy for an op the chip lacks, naming the chips that have it."""
+    from .. import _ops_registry, _profiles
+    chip = _profiles.active()
+    if not chip.is_chip:
+        return None
+    elsewhere = [name for name in _profiles.names() if name not in (_profiles.GENERIC, chip.name)
+                 and (_ops_registry.get(op, profile=name) or _NONE).backend == "npu"]
+    return (f"{chip.device_name} (device profile '{chip.name}') has no native kernel for {op}, as the real chip "
+            f"has none: each call copies its inputs to the host and the results back, there too. "
+            + (f"It runs natively on {', '.join(elsewhere)}. " if elsewhere else "No Ascend chip profile runs it "
+               "natively. ")
+            + "Use ops the chip implements (torch_npu._ops_registry.list_ops('npu')), or register an npu kernel "
+              "with torch_npu.register_npu_op / torch.library.")
+
+
+class _NONE:
+    backend = None
+
+
 def _fallback_findings(run):
     by_op = {}
     for site in run.sites:
@@ -108,7 +128,8 @@ def _fallback_findings(run):
         seconds = stats.seconds if stats else 0.0
         nbytes = stats.bytes_copied if stats else 0
         dtypes = ", ".join(sorted({d for _, s in hits for d in s.fallback_dtypes.get(op, ())})) or "?"
-        remedy = _FALLBACK_REMEDY[reason].format(op=op, dtypes=dtypes)
+        remedy = (reason == "no_kernel" and _no_kernel_on_chip(op)) or _FALLBACK_REMEDY[reason].format(
+            op=op, dtypes=dtypes)
         label = {"no_kernel": "no npu kernel", "dtype": "dtype not supported", "policy": "forced by a policy",
                  "kernel_error": "npu kernel raised"}[reason]
         out.append(_finding("cpu_fallback", f"{op} ran on the CPU ({label}), {count} times", hits[0][1], count,

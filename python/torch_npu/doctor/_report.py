@@ -36,7 +36,12 @@ class OpSummary:
             return "cpu fallback"
         if self.fallbacks:
             return "npu + cpu fallback"
-        return "custom npu op" if not self.op.startswith("aten::") else "npu kernel"
+        if not self.op.startswith("aten::"):
+            return "custom npu op"
+        # Under a chip profile an op the chip lacks may decompose into native kernels.
+        from .. import _ops_registry
+        info = _ops_registry.get(self.op)
+        return "decomposed" if info is not None and info.backend == "composite" else "npu kernel"
 
 
 @dataclass
