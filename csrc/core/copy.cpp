@@ -6,6 +6,7 @@
 #include "device.h"
 #include "host_allocator.h"
 #include "launch.h"
+#include "profile.h"
 #include "stream.h"
 #include "../runtime/tracing.h"
 
@@ -147,6 +148,11 @@ at::Tensor& copyTensor(at::Tensor& dst, const at::Tensor& src, bool non_blocking
     copyHostToDevice(dst, src, non_blocking);
   } else {
     copyDeviceToHost(dst, src, non_blocking);
+  }
+  if (dst_npu && dst.scalar_type() == c10::kHalf && src.scalar_type() != c10::kHalf && !profile::active().inf_nan) {
+    // A conversion into float16 on a chip without inf/nan saturates, as its cast kernel does.
+    launch(dst.device().index(), "saturate float16", [alias = cpuAlias(dst)] { profile::saturateHalf(alias); },
+           bytesOf(dst));
   }
   return dst;
 }

@@ -1,8 +1,10 @@
 #include "profile.h"
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -33,7 +35,7 @@ std::string knownNames() {
 
 }  // namespace
 
-bool DeviceProfile::runsNatively(const c10::OperatorName& op) const {
+bool DeviceProfile::lists(const c10::OperatorName& op) const {
   if (!restricts_ops) return true;
   if (op.name.rfind("aten::", 0) != 0) return true;  // the chip's list covers aten only
   std::string key = op.name.substr(6);
@@ -60,7 +62,7 @@ std::shared_ptr<const DeviceProfile> find(const std::string& name) {
 void activate(const std::string& name) {
   auto profile = find(name);
   std::lock_guard<std::mutex> lock(mutex());
-  if (g_active == profile.get()) return;
+  if (&active() == profile.get() || (g_active == nullptr && name == "generic")) return;
   TORCH_CHECK(!runtimeInitialized(), "torch_npu: the device profile is chosen before the npu starts, and it "
               "already started as '", active().name, "'; set NPU_EMU_PROFILE=", name,
               " or call torch_npu.npu.set_profile('", name, "') before the first npu use");
@@ -71,6 +73,58 @@ const DeviceProfile& active() {
   static const DeviceProfile generic;
   const DeviceProfile* p = g_active;
   return p != nullptr ? *p : generic;
+}
+
+namespace {
+std::mutex& governedMutex() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::unordered_set<c10::OperatorName>& governed() {
+  static auto* ops = new std::unordered_set<c10::OperatorName>;
+  return *ops;
+}
+std::atomic<bool> g_overflow{false};
+}  // namespace
+
+void governByChipList(const c10::OperatorName& op) {
+  std::lock_guard<std::mutex> lock(governedMutex());
+  governed().insert(op);
+}
+
+bool runsNatively(const DeviceProfile& chip, const c10::OperatorHandle& op) {
+  if (!chip.restricts_ops || chip.lists(op.operator_name())) return true;
+  for (const auto& ret : op.schema().returns()) {
+    if (ret.alias_info() != nullptr && !ret.alias_info()->isWrite()) return true;  // a view
+  }
+  std::lock_guard<std::mutex> lock(governedMutex());
+  return governed().count(op.operator_name()) == 0;
+}
+
+ReportedProperties deviceProperties(const std::string& hal_name, std::size_t hal_memory, int hal_compute_units) {
+  const DeviceProfile& chip = active();
+  ReportedProperties out;
+  out.name = chip.isChip() ? chip.device_name : hal_name;
+  const auto memory = static_cast<int64_t>(hal_memory);
+  out.total_memory = chip.total_memory > 0 ? std::min(chip.total_memory, memory) : memory;
+  // A chip's cores; the generic device computes on the host's.
+  out.multi_processor_count = chip.isChip() ? chip.cube_core_num : hal_compute_units;
+  out.cube_core_num = chip.isChip() ? chip.cube_core_num : hal_compute_units;
+  out.vector_core_num = chip.isChip() ? chip.vector_core_num : hal_compute_units;
+  out.l2_cache_size = chip.l2_cache_size;
+  return out;
+}
+
+void raiseOverflowFlag() { g_overflow.store(true, std::memory_order_relaxed); }
+bool takeOverflowFlag() { return g_overflow.exchange(false, std::memory_order_relaxed); }
+
+void saturateHalf(const at::Tensor& t, const at::Tensor& finite_before) {
+  constexpr double kHalfMax = 65504.0;
+  at::Tensor overflowed = t.isinf();
+  if (finite_before.defined()) overflowed.logical_and_(finite_before);
+  if (!overflowed.any().item<bool>()) return;
+  raiseOverflowFlag();
+  t.copy_(at::where(overflowed, t.clamp(-kHalfMax, kHalfMax), t));
 }
 
 bool decomposesOffChip(const c10::OperatorHandle& op) {
@@ -96,7 +150,7 @@ int64_t projectCopyNs(const CostModel& cost, double bytes, bool crosses_link) {
 
 namespace {
 
-double numel(const at::Tensor& t) { return t.defined() ? static_cast<double>(t.numel()) : 0; }
+double elements(const at::Tensor& t) { return t.defined() ? static_cast<double>(t.numel()) : 0; }
 
 // Calls f(t) for a tensor argument and each tensor of a list (Tensor[], Tensor?[]).
 template <typename F>
@@ -120,35 +174,70 @@ const at::Tensor* tensorAt(const torch::jit::Stack& stack, size_t begin, size_t 
 // FLOPs of the matrix ops, by the shapes of their operands (multiply-adds count two).
 std::optional<double> cubeFlops(const std::string& name, const torch::jit::Stack& stack, size_t begin) {
   auto t = [&](size_t i) { return tensorAt(stack, begin, i); };
+  if (name == "aten::mv" || name == "aten::dot" || name == "aten::vdot") {
+    const at::Tensor* a = t(0);
+    if (a == nullptr) return std::nullopt;
+    return 2.0 * elements(*a);
+  }
+  if (name == "aten::addmv") {
+    const at::Tensor* a = t(1);
+    if (a == nullptr) return std::nullopt;
+    return 2.0 * elements(*a);
+  }
   if (name == "aten::mm" || name == "aten::bmm" || name == "aten::matmul") {
     const at::Tensor *a = t(0), *b = t(1);
     if (a == nullptr || b == nullptr || a->dim() < 2 || b->dim() < 2) return std::nullopt;
-    return 2.0 * numel(*a) * b->size(-1);
+    return 2.0 * elements(*a) * b->size(-1);
   }
-  if (name == "aten::addmm" || name == "aten::baddbmm" || name == "aten::addbmm") {
+  if (name == "aten::addmm" || name == "aten::baddbmm" || name == "aten::addbmm" ||
+      name == "aten::_addmm_activation") {
     const at::Tensor *a = t(1), *b = t(2);
     if (a == nullptr || b == nullptr || a->dim() < 2 || b->dim() < 2) return std::nullopt;
-    return 2.0 * numel(*a) * b->size(-1);
+    return 2.0 * elements(*a) * b->size(-1);
   }
   const bool backward = name == "aten::convolution_backward_overrideable" || name == "aten::convolution_backward";
   if (backward || name == "aten::convolution" || name == "aten::_convolution" ||
       name == "aten::convolution_overrideable") {
-    // Backward: grad_output, input, weight; the input's and the weight's gradient each cost a forward.
+    // Every output element is a dot product over weight.numel() / Cout
+    // inputs: 2 * N * Cout * out_spatial * weight.numel() / Cout. Backward
+    // (grad_output, input, weight, ...) computes two such products, from
+    // grad_output's size; forward derives the output's from the stride,
+    // padding and dilation arguments; a transposed convolution scatters each
+    // input element over weight.numel() / Cin outputs.
     const at::Tensor *input = t(backward ? 1 : 0), *weight = t(backward ? 2 : 1);
     if (input == nullptr || weight == nullptr || weight->dim() < 3) return std::nullopt;
-    const double passes = backward ? 2.0 : 1.0;
-    // Each output element is a dot product over weight[0]: out = N * Cout * spatial.
-    // The output's spatial size is unknown before the kernel: take the input's (stride 1, same padding).
+    if (weight->size(0) == 0) return 0.0;
+    const double per_output = elements(*weight) / static_cast<double>(weight->size(0));
+    if (backward) {
+      const at::Tensor* grad_output = t(0);
+      if (grad_output == nullptr || grad_output->dim() < 2 || grad_output->size(1) == 0) return std::nullopt;
+      // Two products (the input's and the weight's gradient), each the forward's
+      // size: 2 * numel(grad_output) * weight.numel() / output channels.
+      return 2.0 * 2.0 * elements(*grad_output) * elements(*weight) / static_cast<double>(grad_output->size(1));
+    }
+    const size_t args = stack.size() - begin;
+    if (args < 8 || !stack[begin + 3].isIntList() || !stack[begin + 4].isIntList() || !stack[begin + 5].isIntList() ||
+        !stack[begin + 6].isBool()) {
+      return std::nullopt;
+    }
+    if (stack[begin + 6].toBool()) return 2.0 * elements(*input) * per_output;  // transposed
+    const auto stride = stack[begin + 3].toIntVector(), padding = stack[begin + 4].toIntVector(),
+               dilation = stack[begin + 5].toIntVector();
     double spatial = 1;
-    for (int64_t d = 2; d < input->dim(); ++d) spatial *= static_cast<double>(input->size(d));
-    return passes * 2.0 * static_cast<double>(input->size(0)) * static_cast<double>(weight->size(0)) * spatial *
-           (numel(*weight) / static_cast<double>(weight->size(0)));
+    for (int64_t d = 2; d < input->dim(); ++d) {
+      const size_t i = static_cast<size_t>(d - 2);
+      const int64_t s = i < stride.size() ? stride[i] : 1, p = i < padding.size() ? padding[i] : 0,
+                    dl = i < dilation.size() ? dilation[i] : 1;
+      const int64_t out = (input->size(d) + 2 * p - dl * (weight->size(d) - 1) - 1) / s + 1;
+      spatial *= static_cast<double>(std::max<int64_t>(out, 0));
+    }
+    return 2.0 * static_cast<double>(input->size(0)) * static_cast<double>(weight->size(0)) * spatial * per_output;
   }
   if (name.rfind("aten::_scaled_dot_product", 0) == 0 || name.rfind("aten::_flash_attention", 0) == 0) {
     const at::Tensor *q = t(0), *k = t(1);
     if (q == nullptr || k == nullptr || q->dim() < 2) return std::nullopt;
     // QK^T and PV: 2 * (2 * L * S * E) per batch-head.
-    return 4.0 * numel(*q) * static_cast<double>(k->size(-2));
+    return 4.0 * elements(*q) * static_cast<double>(k->size(-2));
   }
   return std::nullopt;
 }
@@ -167,9 +256,9 @@ KernelWork estimateWork(const c10::OperatorHandle& op, const torch::jit::Stack& 
     has_out = has_out || schema.arguments()[i - begin].is_out();
     eachTensor(stack[i], [&](const at::Tensor& t) {
       if (!t.defined()) return;
-      const double bytes = numel(t) * static_cast<double>(t.itemsize());
+      const double bytes = elements(t) * static_cast<double>(t.itemsize());
       work.bytes += bytes;
-      largest = std::max(largest, numel(t));
+      largest = std::max(largest, elements(t));
       if (!dtype_set && c10::isFloatingType(t.scalar_type())) {
         work.dtype = t.scalar_type();
         dtype_set = true;

@@ -49,8 +49,8 @@ struct DeviceProfile {
   std::optional<CostModel> cost;
 
   bool isChip() const { return soc_version.has_value(); }
-  // Whether the chip runs `op` natively (always true when !restricts_ops).
-  bool runsNatively(const c10::OperatorName& op) const;
+  // Whether `op` is in the chip's list (always true when !restricts_ops).
+  bool lists(const c10::OperatorName& op) const;
 };
 
 // Adds (or replaces) a profile by its name; what python reads from a file.
@@ -63,10 +63,41 @@ void activate(const std::string& name);
 // The active profile (generic until activate()).
 const DeviceProfile& active();
 
-// The aten ops the chip does not run natively and that nothing decomposes
-// either, that is, the ops that take the CPU fallback under this profile
-// though the op library has a kernel for them.
+// Marks the npu kernel of `op` as one the chip's list governs: the op
+// library's kernels (ops/op_library.cpp, ops/structured.cpp), marked as they
+// are registered. Other npu kernels (copies, views' storage, convolution, RNN
+// cells, the fused npu:: ops) are the adapter's core, native on every chip.
+void governByChipList(const c10::OperatorName& op);
+// Whether `chip` runs `op` natively: its kernel is not governed by the list,
+// the op returns a view of an input (metadata, no kernel), or the list has it.
+// NativeKernel, the structured fast paths and the registry all ask this.
+bool runsNatively(const DeviceProfile& chip, const c10::OperatorHandle& op);
+// Where the chip lacks an op of the op library: whether PyTorch decomposes it
+// (CompositeExplicitAutograd or its NonFunctional wrapper) into other ops.
 bool decomposesOffChip(const c10::OperatorHandle& op);
+
+// get_device_properties() of a device whose HAL reports `hal`: the chip's
+// identity and cores under a chip profile, its memory capped by the HAL's.
+struct ReportedProperties {
+  std::string name;
+  int64_t total_memory = 0;
+  int multi_processor_count = 0;
+  int cube_core_num = 0;
+  int vector_core_num = 0;
+  int64_t l2_cache_size = 0;
+};
+ReportedProperties deviceProperties(const std::string& hal_name, std::size_t hal_memory, int hal_compute_units);
+
+// Float16 overflow on chips without inf/nan: saturating kernels raise the
+// chip's overflow flag (its float status register, one per process here),
+// which the GradScaler's unscale kernel reads and clears (ops/chip.cpp).
+void raiseOverflowFlag();
+bool takeOverflowFlag();
+// The saturation itself, on a float16 host tensor (a kernel's result or a
+// conversion's): +-inf become +-65504, only where `finite_before` if given
+// (the elements a kernel may have written, not infs it left alone), raising
+// the overflow flag when any did.
+void saturateHalf(const at::Tensor& t, const at::Tensor& finite_before = at::Tensor());
 
 // ---- The cost model ---------------------------------------------------------
 

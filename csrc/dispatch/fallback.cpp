@@ -107,7 +107,7 @@ std::string describeArguments(const c10::FunctionSchema& schema, const torch::ji
       why << " (the npu has no float64 kernels, and complex ones only for torch.fft; cast with .float() to stay on "
              "the npu)";
     }
-  } else if (const auto& chip = profile::active(); !chip.runsNatively(op.operator_name())) {
+  } else if (const auto& chip = profile::active(); !profile::runsNatively(chip, op)) {
     why << chip.device_name << " (device profile '" << chip.name << "') has no native kernel for it, as the "
         << "real chip has none (torch_npu._ops_registry.get(op) answers per chip)";
   } else {

@@ -19,16 +19,17 @@ OpResolution resolve(const c10::OperatorHandle& op, const profile::DeviceProfile
   out.name = displayName(op);
   // A kernel of the op library that the chip lacks is not native there
   // (ops/native_kernel.cpp decides the same way at run time).
-  const bool on_chip = chip.runsNatively(op.operator_name());
-  const bool native = op.hasKernelForDispatchKey(DispatchKey::PrivateUse1) && on_chip;
+  const bool npu_kernel = op.hasKernelForDispatchKey(DispatchKey::PrivateUse1);
+  const bool off_chip = npu_kernel && !profile::runsNatively(chip, op);
+  const bool native = npu_kernel && !off_chip;
   const bool cpu_kernel = op.hasKernelForDispatchKey(DispatchKey::CPU);
   // CompositeExplicitAutogradNonFunctional beside a CPU kernel is only the
   // functional wrapper of a structured op; alone (select_backward) it
-  // decomposes, and so does the wrapper where a chip lacks the op itself
-  // (gelu becomes gelu.out there: profile::decomposesOffChip()).
+  // decomposes, and so does the wrapper where a chip lacks the op library's
+  // kernel (gelu becomes gelu.out there: profile::decomposesOffChip()).
   const bool composite = op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd) ||
                          op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd) ||
-                         ((!cpu_kernel || !on_chip) &&
+                         ((!cpu_kernel || off_chip) &&
                           op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutogradNonFunctional));
   const bool cpu = cpu_kernel || composite;
   if (native) out.backends.push_back("npu");

@@ -5,6 +5,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -77,48 +78,64 @@ bool runOnCube(const c10::OperatorHandle& op, c10::DispatchKeySet cpu_keys, torc
 
 bool isHalf(const at::Tensor& t) { return t.defined() && t.scalar_type() == c10::kHalf; }
 
+void saturate(const at::Tensor& t, const at::Tensor& finite_before = at::Tensor()) {
+  profile::saturateHalf(t, finite_before);
+}
+
+bool isUnscaleOp(const c10::OperatorHandle& op) {
+  return op.operator_name().name == "aten::_amp_foreach_non_finite_check_and_unscale_";
+}
+
 }  // namespace
 
 bool isCubeOp(const c10::OperatorHandle& op) {
-  // Asked for every kernel: names not ending in "mm" or "mm_" leave at once.
+  // Asked for every kernel: a name whose last letter (before an in-place "_")
+  // no matrix op ends with leaves at once.
   const std::string& name = op.operator_name().name;
-  const size_t end = name.size() - (name.back() == '_' ? 1 : 0);
-  if (end < 2 || name[end - 1] != 'm' || name[end - 2] != 'm') return false;
-  static const std::set<std::string> ops = {"aten::mm", "aten::bmm", "aten::addmm", "aten::addmm_", "aten::baddbmm",
-                                            "aten::baddbmm_", "aten::addbmm", "aten::addbmm_"};
+  const size_t end = name.size() - (!name.empty() && name.back() == '_' ? 1 : 0);
+  if (end < 3 || std::string_view("mvtn").find(name[end - 1]) == std::string_view::npos) return false;
+  static const std::set<std::string> ops = {
+      "aten::mm",     "aten::bmm",     "aten::addmm", "aten::addmm_", "aten::baddbmm", "aten::baddbmm_",
+      "aten::addbmm", "aten::addbmm_", "aten::mv",    "aten::addmv",  "aten::addmv_",  "aten::dot",
+      "aten::vdot",   "aten::_addmm_activation"};
   return ops.count(name) != 0;
 }
 
 void saturateIfChipDoes(const at::Tensor& t) {
-  if (!isHalf(t) || profile::active().inf_nan) return;
-  constexpr double kHalfMax = 65504.0;
-  t.clamp_(-kHalfMax, kHalfMax);  // +-inf become +-max; NaN stays NaN
+  if (isHalf(t) && !profile::active().inf_nan) saturate(t);
 }
 
 void runCpuKernel(const c10::OperatorHandle& op, c10::DispatchKeySet cpu_keys, torch::jit::Stack* stack,
                   c10::DeviceIndex device) {
   const auto& schema = op.schema();
   const bool saturates = !profile::active().inf_nan;
-  std::vector<at::Tensor> written;  // float16 arguments the kernel writes (in place, out=)
+  // Float16 arguments the kernel writes (in place, out=), with the elements
+  // that were inf before it: only what the kernel makes inf saturates.
+  std::vector<std::pair<at::Tensor, at::Tensor>> written;
+  const size_t begin = stack->size() - schema.arguments().size();
   if (saturates) {
-    const size_t begin = stack->size() - schema.arguments().size();
     for (size_t i = begin; i < stack->size(); ++i) {
       if (!writes(schema.arguments()[i - begin])) continue;
       dispatch::forEachTensor((*stack)[i], [&](const at::Tensor& t, bool) {
-        if (isHalf(t)) written.push_back(t);
+        if (isHalf(t)) written.emplace_back(t, t.isinf().logical_not_());
       });
     }
   }
+  // GradScaler's check: the chip reports saturated overflow through its flag.
+  at::Tensor found_inf;
+  if (saturates && isUnscaleOp(op) && (*stack)[begin + 1].isTensor()) found_inf = (*stack)[begin + 1].toTensor();
   if (!(isCubeOp(op) && runOnCube(op, cpu_keys, stack))) dispatch::redispatchToCpu(op, cpu_keys, stack, device);
   if (!saturates) return;
-  for (const auto& t : written) saturateIfChipDoes(t);
+  for (const auto& [t, finite_before] : written) saturate(t, finite_before);
   const size_t returns = schema.returns().size();
   for (size_t i = 0; i < returns; ++i) {
     const auto* alias = schema.returns()[i].alias_info();
     if (alias != nullptr) continue;  // a view of, or the same as, an argument: already handled
-    dispatch::forEachTensor((*stack)[stack->size() - returns + i],
-                            [&](const at::Tensor& t, bool) { saturateIfChipDoes(t); });
+    dispatch::forEachTensor((*stack)[stack->size() - returns + i], [&](const at::Tensor& t, bool) {
+      if (isHalf(t)) saturate(t);
+    });
   }
+  if (found_inf.defined() && profile::takeOverflowFlag()) found_inf.fill_(1.0);
 }
 
 void checkChipDtype(c10::ScalarType type, const char* what) {
@@ -126,7 +143,7 @@ void checkChipDtype(c10::ScalarType type, const char* what) {
   TORCH_CHECK_TYPE(type != c10::kBFloat16 || chip.bfloat16, what, " on npu: bfloat16 is not supported by ",
                    chip.device_name, " (device profile '", chip.name, "'): the chip has no bfloat16 units ",
                    "(torch.npu.is_bf16_supported() is False). Use float16, or a profile of a chip with bfloat16 ",
-                   "(ascend910b*, ascend910_93*).");
+                   "(torch_npu.npu.list_profiles()).");
 }
 
 void checkChipDtypes(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {

@@ -2,12 +2,14 @@
 // differs from ATen's CPU kernels that the emulated npu runs:
 // - the matrix unit (cube) multiplies float16 and bfloat16 operands with float32
 //   accumulation and rounds once at the end (mm, bmm, addmm, baddbmm, addbmm,
-//   and convolution in convolution.cpp); under every profile, generic included:
+//   mv, addmv, dot, vdot, _addmm_activation, and convolution in convolution.cpp); under every profile, generic included:
 //   it agrees with ATen's CPU results within the dtype's tolerance, and ATen's
 //   CPU float16 GEMM is two orders of magnitude slower where the host has no
 //   float16 arithmetic;
 // - chips without inf/nan support (910A, 310P) saturate float16 overflow to
-//   +-65504 instead of giving inf.
+//   +-65504 instead of giving inf, and raise their overflow flag, which
+//   GradScaler's unscale kernel (_amp_foreach_non_finite_check_and_unscale_)
+//   reads as found_inf, as the real adapter reads the chip's float status.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -29,7 +31,8 @@ void checkChipDtypes(const c10::OperatorHandle& op, const torch::jit::Stack& sta
 // The same for one dtype, named by `what` ("torch.empty", "copy to npu").
 void checkChipDtype(c10::ScalarType type, const char* what);
 
-// Replaces +-inf in float16 tensors with +-65504 when the chip saturates.
+// Replaces +-inf in a float16 tensor with +-65504 when the chip saturates
+// (raising its overflow flag): for results of kernels and conversions.
 void saturateIfChipDoes(const at::Tensor& t);
 
 }  // namespace npu::ops

@@ -158,7 +158,7 @@ const NativeKernel::Traits& NativeKernel::traits(const c10::OperatorHandle& op) 
     traits_.in_place = writes && !has_out && returns_only_written_args && !traits_.is_view && !may_resize_self &&
                        !dispatch::isRandomWithoutGeneratorArgument(op);
     // The profile is fixed from the device's start, before any npu op runs.
-    traits_.on_chip = profile::active().runsNatively(op.operator_name());
+    traits_.on_chip = profile::runsNatively(profile::active(), op);
     traits_.off_chip_decomposes = !traits_.on_chip && profile::decomposesOffChip(op);
   });
   return traits_;

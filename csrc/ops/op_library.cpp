@@ -4,6 +4,7 @@
 // CPU (or CompositeExplicitAutograd) kernel for it: that kernel is what runs on
 // npu memory. Ops PyTorch decomposes (CompositeImplicitAutograd) are left to
 // the decomposition, so autograd keeps working through them.
+#include <ATen/SDPBackend.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_fused_sdp_choice_native.h>
 #include <torch/library.h>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "../core/device.h"
+#include "../core/profile.h"
 #include "../dispatch/fallback.h"
 #include "../dispatch/arguments.h"
 #include "native_kernel.h"
@@ -179,6 +181,13 @@ void registerLayoutKernels(torch::Library& library, c10::DispatchKey cpu_key, c1
 int64_t sdpaChoice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                    const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                    std::optional<double> scale, bool enable_gqa) {
+  // A chip without an attention kernel (910A, 310P: it is aclnn-only) runs
+  // PyTorch's math decomposition, matmuls and softmax, on the device.
+  static const bool chip_has_attention = [] {
+    const auto& chip = profile::active();
+    return !chip.restricts_ops || chip.lists(c10::OperatorName("aten::scaled_dot_product_attention", ""));
+  }();
+  if (!chip_has_attention) return static_cast<int64_t>(at::SDPBackend::math);
   return at::native::_fused_sdp_choice_cpp(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
 }
 
@@ -213,6 +222,7 @@ void registerOpLibrary() {
           const std::string full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
           library->impl(full.c_str() + 6,  // without "aten::"
                         torch::CppFunction::makeFromBoxedFunctor(std::make_unique<NativeKernel>(entry.dtypes)));
+          profile::governByChipList(name);
           matched = true;
         }
       }

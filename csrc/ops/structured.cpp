@@ -201,7 +201,7 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
     // The device profile's chip (core/profile.h): an op it lacks, and chips
     // without bfloat16 or inf/nan, are the generic kernel's to handle.
     const auto& chip = profile::active();
-    static const bool on_chip = chip.runsNatively(op.operator_name());
+    static const bool on_chip = profile::runsNatively(chip, op);
     FastPathCheck check{generic};
     (check(args), ...);
     if (!check.ok || !check.device || policy.retryOnKernelError() || !on_chip || !chip.bfloat16 || !chip.inf_nan ||
@@ -290,6 +290,7 @@ template <class Op>
 void registerStructured(torch::Library& m) {
   const std::string name = std::string(Op::name).substr(6) + (*Op::overload ? std::string(".") + Op::overload : "");
   m.impl(name.c_str(), TORCH_FN(StructuredKernel<Op>::run));
+  profile::governByChipList(c10::OperatorName(Op::name, Op::overload));
 }
 
 }  // namespace

@@ -70,20 +70,17 @@ void bindRuntime(py::module_& m) {
   m.def("_pinned_pending_uses", [] { return npu::pinnedPendingUses(); });
   // The HAL's properties, with the identity of the device profile's chip.
   m.def("_device_properties", [](int64_t d) {
-    const auto& p = npu::runtimeDevice(npu::toDeviceIndex(d)).properties();
-    const auto& chip = npu::profile::active();
+    const auto& hal = npu::runtimeDevice(npu::toDeviceIndex(d)).properties();
+    const auto p = npu::profile::deviceProperties(hal.name, hal.total_memory, hal.compute_units);
     py::dict out;
-    out["name"] = chip.isChip() ? chip.device_name : p.name;
-    // The chip's memory, capped by what the emulator holds (NPU_EMU_MEMORY).
-    out["total_memory"] = chip.total_memory > 0 ? std::min<int64_t>(chip.total_memory, p.total_memory)
-                                                : static_cast<int64_t>(p.total_memory);
-    // A chip's cores; the generic device computes on the host's.
-    out["multi_processor_count"] = chip.isChip() ? chip.cube_core_num : p.compute_units;
-    out["major"] = p.major;
-    out["minor"] = p.minor;
-    out["cube_core_num"] = chip.isChip() ? chip.cube_core_num : p.compute_units;
-    out["vector_core_num"] = chip.isChip() ? chip.vector_core_num : p.compute_units;
-    out["L2_cache_size"] = chip.l2_cache_size;
+    out["name"] = p.name;
+    out["total_memory"] = p.total_memory;
+    out["multi_processor_count"] = p.multi_processor_count;
+    out["major"] = hal.major;
+    out["minor"] = hal.minor;
+    out["cube_core_num"] = p.cube_core_num;
+    out["vector_core_num"] = p.vector_core_num;
+    out["L2_cache_size"] = p.l2_cache_size;
     return out;
   });
   // Device profiles (core/profile.h): torch_npu._profiles reads the files and defines them here.

@@ -64,6 +64,44 @@ def _native_ops(list_file: str, families: FrozenSet[str]) -> FrozenSet[str]:
     return frozenset(ops)
 
 
+_KNOWN = {  # the keys a profile file may have, per table
+    "": {"name", "description", "identity", "properties", "dtypes", "ops", "cost"},
+    "identity": {"device_name", "soc_version", "family"},
+    "properties": {"cube_core_num", "vector_core_num", "ai_core_num", "L2_cache_size", "total_memory"},
+    "dtypes": {"bfloat16", "inf_nan"},
+    "ops": {"native", "kernel_families", "native_parts"},
+    "cost": {"launch_us", "cube_fp16_tflops", "cube_fp32_tflops", "vector_fp16_tflops", "memory_gbps", "link_gbps"},
+}
+_KERNEL_FAMILIES = {"aclnn", "aclop", "base", "sparse"}
+
+
+def _validate(name: str, data: dict) -> None:
+    for table, keys in _KNOWN.items():
+        section = data if not table else data.get(table, {})
+        if not isinstance(section, dict):
+            _fail(name, f"[{table}] must be a table")
+        unknown = set(section) - keys
+        if unknown:
+            _fail(name, f"unknown key(s) {', '.join(sorted(unknown))} in [{table or 'top level'}]; "
+                        f"known: {', '.join(sorted(keys))}")
+    soc = data.get("identity", {}).get("soc_version")
+    if soc is not None and not isinstance(soc, int):
+        _fail(name, f"soc_version must be an integer, got {soc!r}")
+    for key, value in data.get("properties", {}).items():
+        if not isinstance(value, int) or value < 0:
+            _fail(name, f"[properties] {key} must be a non-negative integer, got {value!r}")
+    for key, value in data.get("dtypes", {}).items():
+        if not isinstance(value, bool):
+            _fail(name, f"[dtypes] {key} must be true or false, got {value!r}")
+    families = set(data.get("ops", {}).get("kernel_families", ()))
+    if families - _KERNEL_FAMILIES:
+        _fail(name, f"unknown kernel_families {', '.join(sorted(families - _KERNEL_FAMILIES))}; "
+                    f"known: {', '.join(sorted(_KERNEL_FAMILIES))}")
+    for key, value in data.get("cost", {}).items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            _fail(name, f"[cost] {key} must be a positive number, got {value!r}")
+
+
 @functools.lru_cache(maxsize=None)
 def load(name: str) -> Profile:
     """The profile ``name`` from its file; ValueError naming the known ones."""
@@ -74,6 +112,7 @@ def load(name: str) -> Profile:
         data = tomllib.load(f)
     if data.get("name") != name:
         _fail(name, f"its name field is {data.get('name')!r}, not the file's name")
+    _validate(name, data)
     identity, dtypes = data.get("identity", {}), data.get("dtypes", {})
     native_ops = None
     if "ops" in data:
@@ -115,9 +154,13 @@ _defined = set()
 
 
 def activate(name: str) -> Profile:
-    """Makes the npu behave as ``name`` from its first use on; raises once it started as another."""
+    """Makes the npu behave as ``name`` from its first use on; raises once it started as another.
+
+    NPU_EMU_PROFILE is set to it too, so that child processes (spawned DataLoader
+    workers, torch.distributed ranks) see the same chip."""
     profile = define(name)
     _C._activate_profile(name)
+    os.environ["NPU_EMU_PROFILE"] = name
     return profile
 
 

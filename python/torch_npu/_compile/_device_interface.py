@@ -76,11 +76,11 @@ class NpuInterface(_di.DeviceInterface):
 
     @staticmethod
     def is_bf16_supported(including_emulation: bool = False) -> bool:
-        return True
+        return torch.npu.is_bf16_supported()   # per the device profile's chip
 
     @staticmethod
     def is_dtype_supported(dtype, including_emulation: bool = False) -> bool:
-        return True
+        return dtype != torch.bfloat16 or torch.npu.is_bf16_supported()
 
     @staticmethod
     def is_triton_capable(device=None) -> bool:

@@ -95,23 +95,21 @@ _FALLBACK_REMEDY = {
 
 
 def _no_kernel_on_chip(op):
-    """Under a chip profile: the remedy for an op the chip lacks, naming the chips that have it."""
-    from .. import _ops_registry, _profiles
+    """Under a chip profile, for an op the chip lacks: the remedy, naming the chips that have it.
+    None for an op in the chip's list (the emulator lacks its kernel, not the chip)."""
+    from .. import _profiles
     chip = _profiles.active()
-    if not chip.is_chip:
+    name = op[len("aten::"):] if op.startswith("aten::") else op
+    if not chip.is_chip or chip.native_ops is None or name in chip.native_ops:
         return None
-    elsewhere = [name for name in _profiles.names() if name not in (_profiles.GENERIC, chip.name)
-                 and (_ops_registry.get(op, profile=name) or _NONE).backend == "npu"]
+    elsewhere = [p for p in _profiles.names() if p not in (_profiles.GENERIC, chip.name)
+                 and name in (_profiles.load(p).native_ops or ())]
     return (f"{chip.device_name} (device profile '{chip.name}') has no native kernel for {op}, as the real chip "
             f"has none: each call copies its inputs to the host and the results back, there too. "
             + (f"It runs natively on {', '.join(elsewhere)}. " if elsewhere else "No Ascend chip profile runs it "
                "natively. ")
             + "Use ops the chip implements (torch_npu._ops_registry.list_ops('npu')), or register an npu kernel "
               "with torch_npu.register_npu_op / torch.library.")
-
-
-class _NONE:
-    backend = None
 
 
 def _fallback_findings(run):

@@ -55,9 +55,24 @@ from .streams import Event, Stream, StreamContext, current_stream, default_strea
 from . import amp  # noqa: E402
 
 
+class _AmpDtypes(list):
+    """The autocast dtypes of a chip without bfloat16: asked whether bfloat16 is
+    among them (torch.autocast does, before it disables itself with a generic
+    warning), it also warns why."""
+
+    def __contains__(self, dtype):
+        if dtype == torch.bfloat16:
+            import warnings
+            name = get_device_name()
+            warnings.warn(f"torch.autocast('npu', dtype=torch.bfloat16): {name} (device profile "
+                          f"'{get_profile()}') has no bfloat16 units, so autocast is disabled; use "
+                          f"dtype=torch.float16 on this chip", stacklevel=3)
+        return super().__contains__(dtype)
+
+
 def get_amp_supported_dtype():
     """The dtypes torch.autocast("npu") may cast to: float16, and bfloat16 where the chip has it."""
-    return [torch.float16, torch.bfloat16] if is_bf16_supported() else [torch.float16]
+    return [torch.float16, torch.bfloat16] if is_bf16_supported() else _AmpDtypes([torch.float16])
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
