@@ -477,3 +477,46 @@ def test_a_bad_profile_file_is_a_clear_error(tmp_path, monkeypatch, bad, message
 def re_escape(text):
     import re
     return re.escape(text)
+
+
+TARGET_SCRIPT = """\
+import torch
+x = torch.randn(64, device="npu")
+edges = torch.linspace(-1, 1, 5, device="npu")
+for _ in range(8):
+    y = torch.bucketize(x, edges)
+    x = x * 0.5 + 0.1
+print(int(y.sum()))
+"""
+
+
+def test_the_doctor_ends_with_the_target_chips_verdict(tmp_path):
+    script = tmp_path / "bucket.py"
+    script.write_text(TARGET_SCRIPT)
+    out = tmp_path / "report.json"
+    proc = run_python(f"""
+        import sys
+        from torch_npu.doctor.__main__ import main
+        sys.exit(main(["--no-progress", "--target", "ascend310p3", "--json", {str(out)!r}, {str(script)!r}]))
+    """, env={"NPU_EMU_PROFILE": None}, timeout=300)
+    assert "On Ascend310P3 (target 'ascend310p3'; projected with its cost model, an estimate):" in proc.stdout
+    assert "would fall back to the CPU there" in proc.stdout and "aten::bucketize: 8 calls" in proc.stdout
+    assert "bucket.py:5 (8)" in proc.stdout
+    verdict = json.loads(out.read_text())["target"]
+    assert verdict["target"] == "ascend310p3" and verdict["device_name"] == "Ascend310P3"
+    [fallback] = [f for f in verdict["fallbacks"] if f["op"] == "aten::bucketize"]
+    assert fallback["here"] == "npu" and fallback["sites"][0]["line"] == 5
+    if verdict["steps"]:   # the profiled window projected onto the target
+        assert verdict["bound"] in ("host", "device") and verdict["kernels_per_step"] > 0
+    none = run_python(f"""
+        import sys
+        from torch_npu.doctor.__main__ import main
+        sys.exit(main(["--no-progress", "--target", "none", {str(script)!r}]))
+    """, env={"NPU_EMU_PROFILE": None}, timeout=300)
+    assert "(target '" not in none.stdout
+    bad = run_python(f"""
+        import sys
+        from torch_npu.doctor.__main__ import main
+        sys.exit(main(["--target", "generic", {str(script)!r}]))
+    """, env={"NPU_EMU_PROFILE": None}, check=False)
+    assert bad.returncode == 2 and "--target: device profile 'generic' is no chip" in bad.stderr

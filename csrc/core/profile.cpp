@@ -26,6 +26,8 @@ std::map<std::string, std::shared_ptr<const DeviceProfile>>& profiles() {
 
 // Read on every op: a plain pointer, set before the device starts and never freed.
 const DeviceProfile* g_active = nullptr;
+// The profile kernels are projected onto (setProjectionTarget), kept alive by profiles().
+std::atomic<const DeviceProfile*> g_projection_target{nullptr};
 
 std::string knownNames() {
   std::string out;
@@ -47,8 +49,8 @@ void define(DeviceProfile profile) {
   TORCH_CHECK(!profile.name.empty(), "torch_npu: a device profile needs a name");
   std::lock_guard<std::mutex> lock(mutex());
   auto& slot = profiles()[profile.name];
-  TORCH_CHECK(g_active == nullptr || slot.get() != g_active,
-              "torch_npu: device profile '", profile.name, "' is active and cannot be redefined");
+  TORCH_CHECK(slot == nullptr || (slot.get() != g_active && slot.get() != g_projection_target.load()),
+              "torch_npu: device profile '", profile.name, "' is in use and cannot be redefined");
   slot = std::make_shared<const DeviceProfile>(std::move(profile));
 }
 
@@ -133,6 +135,26 @@ bool decomposesOffChip(const c10::OperatorHandle& op) {
 }
 
 // ---- The cost model ---------------------------------------------------------
+
+const DeviceProfile* projectionProfile() {
+  const DeviceProfile* target = g_projection_target.load(std::memory_order_relaxed);
+  if (target != nullptr) return target;
+  const DeviceProfile& chip = active();
+  return chip.cost ? &chip : nullptr;
+}
+
+void setProjectionTarget(const std::string& name) {
+  if (name.empty()) {
+    g_projection_target.store(nullptr);
+    return;
+  }
+  auto profile = find(name);
+  TORCH_CHECK(profile->cost.has_value(), "torch_npu: device profile '", name,
+              "' has no cost model to project onto; pick a chip profile");
+  // An active or target profile is never redefined (define()), so the pointer stays valid.
+  std::lock_guard<std::mutex> lock(mutex());
+  g_projection_target.store(profile.get());
+}
 
 int64_t projectKernelNs(const CostModel& cost, const KernelWork& work) {
   const bool half = work.dtype == c10::kHalf || work.dtype == c10::kBFloat16 || !c10::isFloatingType(work.dtype);

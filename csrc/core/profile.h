@@ -101,6 +101,14 @@ void saturateHalf(const at::Tensor& t, const at::Tensor& finite_before = at::Ten
 
 // ---- The cost model ---------------------------------------------------------
 
+// The cost model that projects kernels while a profiler runs: the projection
+// target's if one is set (torch_npu.doctor --target: "how fast on that chip",
+// whatever chip the run emulates), else the active profile's; null when
+// neither has one (generic).
+const DeviceProfile* projectionProfile();
+// Sets the projection target by profile name; "" clears it.
+void setProjectionTarget(const std::string& name);
+
 // What a kernel does, for its projected time.
 struct KernelWork {
   double flops = 0;

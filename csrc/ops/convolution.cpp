@@ -80,8 +80,8 @@ at::Tensor roundedTo(const at::Tensor& t, c10::ScalarType type) {
 template <typename Boxed>
 int64_t projectedNs(const c10::OperatorHandle& op, const Boxed& boxed) {
   if (!runtime::tracing::enabled()) return 0;
-  const auto& cost = profile::active().cost;
-  return cost ? profile::projectKernelNs(*cost, profile::estimateWork(op, boxed())) : 0;
+  const auto* chip = profile::projectionProfile();
+  return chip != nullptr ? profile::projectKernelNs(*chip->cost, profile::estimateWork(op, boxed())) : 0;
 }
 
 at::Tensor back(const at::Tensor& t, c10::Device device, int64_t* bytes) {

@@ -243,8 +243,8 @@ void NativeKernel::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet
   checkChipDtypes(op, *stack);
   std::optional<runtime::tracing::Projection> projection;  // for the profiler: this kernel's time on the chip
   if (C10_UNLIKELY(runtime::tracing::enabled())) {
-    if (const auto& cost = profile::active().cost) {
-      projection.emplace(profile::projectKernelNs(*cost, profile::estimateWork(op, *stack)));
+    if (const auto* chip = profile::projectionProfile()) {
+      projection.emplace(profile::projectKernelNs(*chip->cost, profile::estimateWork(op, *stack)));
     }
   }
   if (!t.is_view) {

@@ -203,7 +203,8 @@ class NpuSession final : public libkineto::IActivityProfilerSession {
     buffer_ = std::make_unique<libkineto::CpuTraceBuffer>();
     buffer_->span = libkineto::TraceSpan(start_ns, end_ns, "NPU");
     const int32_t pid = libkineto::processId();
-    const std::optional<profile::CostModel>& cost = profile::active().cost;
+    const profile::DeviceProfile* chip = profile::projectionProfile();
+    const std::optional<profile::CostModel> cost = chip != nullptr ? chip->cost : std::nullopt;
     std::vector<Projected> projections;
     std::map<std::pair<int, int64_t>, int64_t> chip_stream_end;  // where each stream's projected work ends
     const std::optional<NestedInFallbacks> nested =

@@ -125,17 +125,25 @@ void bindRuntime(py::module_& m) {
   });
   m.def("_activate_profile", [](const std::string& name) { npu::profile::activate(name); });
   m.def("_active_profile", [] { return npu::profile::active().name; });
+  // The profile the profiler projects onto ("" clears the target: the active profile's).
+  m.def("_set_projection_target", [](const std::string& name) { npu::profile::setProjectionTarget(name); });
+  m.def("_projection_profile", []() -> py::object {
+    const auto* chip = npu::profile::projectionProfile();
+    return chip != nullptr ? py::cast(chip->name) : py::none();
+  });
   // Projected times of the cost model, for tests and torch_npu.profiler: (ns).
   m.def("_project_kernel_ns", [](double flops, bool cube, py::object dtype, double bytes) {
-    const auto& chip = npu::profile::active();
-    TORCH_CHECK(chip.cost.has_value(), "torch_npu: device profile '", chip.name, "' has no cost model");
+    const auto* chip = npu::profile::projectionProfile();
+    TORCH_CHECK(chip != nullptr, "torch_npu: the device profile '", npu::profile::active().name,
+                "' has no cost model and no projection target is set");
     npu::profile::KernelWork work{flops, cube, torch::python::detail::py_object_to_dtype(dtype), bytes};
-    return npu::profile::projectKernelNs(*chip.cost, work);
+    return npu::profile::projectKernelNs(*chip->cost, work);
   });
   m.def("_project_copy_ns", [](double bytes, bool crosses_link) {
-    const auto& chip = npu::profile::active();
-    TORCH_CHECK(chip.cost.has_value(), "torch_npu: device profile '", chip.name, "' has no cost model");
-    return npu::profile::projectCopyNs(*chip.cost, bytes, crosses_link);
+    const auto* chip = npu::profile::projectionProfile();
+    TORCH_CHECK(chip != nullptr, "torch_npu: the device profile '", npu::profile::active().name,
+                "' has no cost model and no projection target is set");
+    return npu::profile::projectCopyNs(*chip->cost, bytes, crosses_link);
   });
   // Kernels for tests of asynchrony and error reporting (torch.npu._sleep, ...).
   m.def("_launch_sleep", [](int64_t d, double ms) {

@@ -21,6 +21,9 @@ def _parser(prog):
     p.add_argument("--no-profile", dest="profile", action="store_false",
                    help="do not profile three iterations with torch_npu.profiler")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress line on stderr")
+    p.add_argument("--target", default="ascend910b2", metavar="PROFILE",
+                   help="end the report with the verdict for this chip profile (default ascend910b2; "
+                        "torch_npu.npu.list_profiles() names them), whatever profile the run uses; 'none' to skip")
     p.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name, as python -m")
     p.add_argument("script", metavar="SCRIPT", help="the Python script (or module with -m) to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
@@ -60,6 +63,18 @@ def main(argv=None, prog="python -m torch_npu.doctor"):
     options.json = os.path.abspath(options.json) if options.json else None
     options.html = os.path.abspath(options.html) if options.html else None
     import torch_npu  # noqa: F401  (the npu device)
+    target = None if options.target.lower() == "none" else options.target
+    if target is not None:
+        from torch_npu import _profiles
+        try:
+            if _profiles.load(target).cost is None:
+                raise ValueError(f"device profile {target!r} is no chip; pick one of "
+                                 + ", ".join(n for n in _profiles.names() if n != _profiles.GENERIC))
+        except ValueError as e:
+            print(f"{prog}: --target: {e}", file=sys.stderr)
+            return 2
+        from torch_npu.profiler import set_projection_target
+        set_projection_target(target)   # the profiled steps are projected onto the target chip
     if options.transfer:
         import torch_npu.contrib.transfer_to_npu  # noqa: F401
     from . import Doctor
@@ -70,6 +85,7 @@ def main(argv=None, prog="python -m torch_npu.doctor"):
         error = _run_script(options)
     if error is not None and doctor.run.error is None:
         doctor.run.error = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    doctor.run.target = target
     report = doctor.report()
     print(report, flush=True)
     if options.json:

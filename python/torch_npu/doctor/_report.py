@@ -64,6 +64,7 @@ class Run:
     mismatches: list
     error: Optional[str]
     findings: list = field(default_factory=list)
+    target: Optional[str] = None     # the chip profile of the verdict (the CLI's --target), None: no verdict
 
     @classmethod
     def collect(cls, doctor, wall, stats_after, profile, error):
@@ -182,7 +183,20 @@ class Report:
         if r.compared is not None:
             lines += ["", f"--compare: {r.compared:,} npu op calls compared with the cpu; "
                           f"{len(r.mismatches)} op{'s' if len(r.mismatches) != 1 else ''} differ"]
+        verdict = self.verdict
+        if verdict is not None:
+            lines += [""] + verdict.lines()
         return "\n".join(lines)
+
+    @property
+    def verdict(self):
+        """The target chip's section (doctor/_target.py), or None without a target."""
+        if self.run.target is None:
+            return None
+        if not hasattr(self, "_verdict"):
+            from ._target import verdict
+            self._verdict = verdict(self.run, self.run.findings, self.run.target)
+        return self._verdict
 
     def ops_table(self, k=12):
         rows = [f"Top npu ops by host time ({len(self.run.ops)} distinct):",
@@ -221,6 +235,7 @@ class Report:
             "compare": None if r.compared is None else {"compared": r.compared, "mismatches": [
                 {"op": m.op, "bad_calls": m.bad_calls, "calls": m.calls, "max_abs_diff": m.max_abs_diff,
                  "dtype": m.dtype, "inputs": m.inputs} for m in r.mismatches]},
+            "target": None if self.verdict is None else self.verdict.as_dict(),
         }
 
     def to_json(self, path):

@@ -48,12 +48,12 @@ from torch.profiler import (  # noqa: F401  (the public names of torch.profiler)
 
 from .. import _patches
 from . import _analyse
-from ._analyse import Analysis, analyse  # noqa: F401
+from ._analyse import Analysis, analyse, set_projection_target  # noqa: F401
 
 GROUP = "profiler"
 
 __all__ = ["profile", "ProfilerActivity", "ProfilerAction", "schedule", "tensorboard_trace_handler",
-           "record_function", "supported_activities", "analyse", "Analysis"]
+           "record_function", "supported_activities", "analyse", "Analysis", "set_projection_target"]
 
 
 class profile(torch.profiler.profile):

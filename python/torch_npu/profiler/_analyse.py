@@ -24,10 +24,23 @@ Projection = namedtuple("Projection", "correlation device stream start_ns projec
 
 
 def cost_profile():
-    """The active device profile when it has a cost model, else None (generic)."""
-    from .. import _profiles
-    profile = _profiles.active()
-    return profile if profile.cost else None
+    """The profile kernels are projected onto: the projection target when one is set
+    (set_projection_target, the doctor's --target), else the active device profile when
+    it has a cost model; None under generic without a target."""
+    from .. import _C, _profiles
+    name = _C._projection_profile()
+    return None if name is None else _profiles.load(name)
+
+
+def set_projection_target(name):
+    """Projects kernels onto chip profile ``name`` while profiling, whatever chip the npu
+    emulates (None: the active profile's own cost model, if any)."""
+    from .. import _C, _profiles
+    if name is None:
+        _C._set_projection_target("")
+    else:
+        _profiles.define(name)
+        _C._set_projection_target(name)
 
 
 def last_session_projections():
