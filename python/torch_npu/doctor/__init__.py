@@ -15,9 +15,14 @@ In code::
     for finding in d.findings:
         print(finding.kind, finding.where, finding.remedy)
 
+Without an optimizer (inference, evaluation, generation, a data pipeline), the
+iterations are those of the script's hot loop, found from the lines that launch npu
+work; ``Doctor(steps_at="file.py:LINE")`` names the line whose every run is one.
+
 Each finding names its kind (CPU fallback, host-to-device copy, hidden sync,
 launch-bound line, strided copy, float64, memory growth, wrong result), how often
-it happened, what it cost, the user's source line and what to change.
+it happened, what it cost, the user's source line and what to change; those that
+cost under 1% of the run's npu op time are marked ``minor`` and come last.
 ``Doctor(compare=True)`` also runs every npu op on the cpu and reports the ops
 whose results differ.
 
@@ -52,11 +57,23 @@ class Doctor:
     profile:  profile three iterations with torch_npu.profiler for host vs device time per op.
     progress: keep a progress line on stderr (steps, ops, elapsed).
     script:   the name shown in the report's header.
+    steps_at: "FILE:LINE" (or (file, line)): each time that line of the script runs is one
+              iteration (a step), instead of the optimizer's steps; FILE is a path, or the end of
+              one (``train.py`` matches ``/work/train.py``). Lines are traced with
+              ``sys.settrace`` while the Doctor runs, which slows Python code down somewhat.
+
+    What an iteration is: the optimizer's steps (of the first optimizer) when the code
+    runs one; ``steps_at``'s line when given; ``step()`` when called. Otherwise the
+    iterations of the hot loop of the code, found from the lines that launch npu work
+    (a line of a frame launching work again after other lines did, with a call, copy or
+    sync in between), so that inference, evaluation, generation and data loops are
+    judged per iteration too.
     """
 
-    def __init__(self, compare=False, profile=True, progress=False, script=None):
+    def __init__(self, compare=False, profile=True, progress=False, script=None, steps_at=None):
         self.compare, self.profile, self.progress = compare, profile, progress
         self.script = script or (sys.argv[0] if sys.argv and sys.argv[0] else "<python>")
+        self.steps_at = _parse_steps_at(steps_at) if steps_at is not None else None
         self.findings = []
         self.run = None
         self._active = False
@@ -80,6 +97,10 @@ class Doctor:
         self._stats_before = _fallback.NPUFallbackMode.get_fallback_stats()
         self._comparator = Comparator() if self.compare else None
         self.monitor = _monitor.Monitor(self._comparator)
+        # What marks the iterations: "loop" (found), "optimizer", "manual" (step()), "line" (steps_at).
+        self.clock = "line" if self.steps_at is not None else "loop"
+        self.monitor.on_loop_step = self._loop_step
+        self.monitor.on_loop_switch = self._loop_switch
         self._profiler = None
         # A Doctor started inside a running one gets a group of its own: stopping it
         # leaves the outer one's wrappers (under its own) in place.
@@ -90,6 +111,8 @@ class Doctor:
             group = self._group
             self._undo.append(lambda: _patches.undo(group))
             self._watch_host_syncs()
+            if self.steps_at is not None:
+                self._undo.append(_monitor.trace_line(*self.steps_at, self._tick))
             self._profiler = self._start_profiler() if self.profile else None
         except BaseException:
             self._active = False
@@ -103,9 +126,33 @@ class Doctor:
 
     def step(self):
         """Marks the end of one iteration (optimizer steps do this by themselves)."""
+        if self.clock == "loop":
+            self.clock = "manual"
+            if self.monitor.step:   # iterations of a loop found before: step() marks them from now on
+                self.monitor.restart_steps()
+        self._tick()
+
+    def _tick(self):
         self.monitor.on_step()
         if self._profiler is not None:
             self._profiler.step()
+
+    def _loop_step(self):
+        if self.clock == "loop":   # no optimizer step, step() or steps_at so far
+            self._tick()
+
+    def _loop_switch(self):
+        """Another loop's iterations are the steps (a loop over layers came first): count again,
+        and profile that loop's iterations."""
+        if self.clock != "loop" or not self.monitor.step:
+            return
+        self.monitor.restart_steps()
+        if self._profiler is not None:
+            try:
+                self._profiler.stop()
+            except Exception:  # noqa: BLE001  a profiler problem must not cost the run
+                pass
+            self._profiler = self._start_profiler()
 
     def stop(self, error=None):
         if not self._active:
@@ -126,11 +173,15 @@ class Doctor:
                     undo()
                 except Exception:  # noqa: BLE001  one failed undo must not leave the others installed
                     pass
-            self.monitor.release_frames()
+            self.monitor.forget_frames()
             self._sampler.stop()
             profile = self._stop_profiler()
         stats_after = _fallback.NPUFallbackMode.get_fallback_stats()
         self.run = Run.collect(self, wall, stats_after, profile, error or device_error)
+        # What the steps were: "optimizer", "manual" (step()), "line" (steps_at) or "loop" (the
+        # iterations of primary_loop, found); None: no steps.
+        self.run.clock = self.clock if self.monitor.step else None
+        self.run.loop = self.monitor.primary_loop if self.clock == "loop" else None
         self.findings = _findings.diagnose(self.run)
         self.run.findings = self.findings
 
@@ -151,8 +202,14 @@ class Doctor:
             # the first, until it is gone (a new optimizer per fold takes over).
             if counted[0]() is None:
                 counted[0] = weakref.ref(optimizer)
-            if counted[0]() is optimizer:
-                self.step()
+            if counted[0]() is optimizer and self.clock != "line":
+                if self.clock == "loop":
+                    # The iterations are the optimizer's from now on: a loop found before the
+                    # first step (inside it, or a warm-up) does not count.
+                    self.clock = "optimizer"
+                    if self.monitor.step:
+                        self.monitor.restart_steps()
+                self._tick()
 
         handle = register_optimizer_step_post_hook(after_step)
         self._undo.append(handle.remove)
@@ -229,6 +286,32 @@ class Doctor:
                 host, device, count = per_op.get(event.key, (0.0, 0.0, 0))
                 per_op[event.key] = (host + event.self_cpu_time_total, device + event.self_device_time_total,
                                      max(count, event.count))
-            return {"steps": min(prof.step_num - 2, 3), "per_op_us": per_op, "analysis": analyse(prof)}
+            # Per op, its kernels' measured device time and their time projected onto the
+            # target chip (when the window was projected: the doctor's --target).
+            projected = {}
+            for event in prof.events():
+                own = vars(event).get("_npu_projected_us", 0.0)
+                if own and event.device_type == torch.autograd.DeviceType.CPU:
+                    measured, total = projected.get(event.name, (0.0, 0.0))
+                    projected[event.name] = (measured + event.self_device_time_total, total + own)
+            return {"steps": min(prof.step_num - 2, 3), "per_op_us": per_op, "analysis": analyse(prof),
+                    "per_op_projected_us": projected}
         except Exception as e:  # noqa: BLE001  a profiler problem must not cost the report
             return {"error": f"{type(e).__name__}: {e}"}
+
+
+def _parse_steps_at(where):
+    """"train.py:42" or ("train.py", 42) -> (path, line)."""
+    if isinstance(where, (tuple, list)) and len(where) == 2:
+        path, line = where
+    else:
+        path, sep, line = str(where).rpartition(":")
+        if not sep:
+            raise ValueError(f"torch_npu.doctor: steps_at={where!r}: give FILE:LINE, e.g. 'train.py:42'")
+    try:
+        line = int(line)
+    except (TypeError, ValueError):
+        raise ValueError(f"torch_npu.doctor: steps_at={where!r}: the line must be a number") from None
+    if line < 1 or not path:
+        raise ValueError(f"torch_npu.doctor: steps_at={where!r}: give FILE:LINE with a line from 1")
+    return str(path), line

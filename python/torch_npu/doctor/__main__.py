@@ -21,6 +21,9 @@ def _parser(prog):
     p.add_argument("--no-profile", dest="profile", action="store_false",
                    help="do not profile three iterations with torch_npu.profiler")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress line on stderr")
+    p.add_argument("--steps-at", metavar="FILE:LINE",
+                   help="each run of this line of the script is one iteration (by default the doctor finds the "
+                        "script's loop itself, or counts optimizer steps)")
     p.add_argument("--target", default="ascend910b2", metavar="PROFILE",
                    help="end the report with the verdict for this chip profile (default ascend910b2; "
                         "torch_npu.npu.list_profiles() names them), whatever profile the run uses; 'none' to skip")
@@ -79,10 +82,18 @@ def main(argv=None, prog="python -m torch_npu.doctor"):
         import torch_npu.contrib.transfer_to_npu  # noqa: F401
     from . import Doctor
 
-    doctor = Doctor(compare=options.compare, profile=options.profile, progress=options.progress,
-                    script=options.script)
-    with doctor:
-        error = _run_script(options)
+    try:
+        doctor = Doctor(compare=options.compare, profile=options.profile, progress=options.progress,
+                        script=options.script, steps_at=options.steps_at)
+    except ValueError as e:
+        print(f"{prog}: --steps-at: {e}", file=sys.stderr)
+        return 2
+    try:
+        with doctor:
+            error = _run_script(options)
+    finally:
+        if target is not None:
+            set_projection_target(None)
     if error is not None and doctor.run.error is None:
         doctor.run.error = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
     doctor.run.target = target

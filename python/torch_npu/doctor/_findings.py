@@ -5,12 +5,23 @@ that cross its threshold into a ``Finding``. The thresholds are chosen so that a
 clean training script reports nothing: a batch copied in once per step, a loss
 read with ``.item()`` every few steps, a model whose ops come from inside
 ``nn.Module``s are all normal. What is flagged is what repeats in a loop where it
-should not.
+should not: in at least half of the steps, or of the iterations of the loop the
+line runs in (a validation loop inside a training script runs in few optimizer
+steps, but in every one of its own iterations).
+
+Findings that cost less than ``_MINOR_SHARE`` of the run's npu op time, or less than
+``_MINOR_SECONDS``, are kept but marked ``minor`` and listed after the others (not
+float64, memory growth and wrong results, whose cost is not time). A host read, a copy
+or a fallback costs a chip more than the emulator's host time shows (the queue drains,
+then the launches restart): each counts at least ``_EVENT_SECONDS`` of its kind.
 """
 import linecache
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Tuple
+
+from ._monitor import KEPT_STEPS
 
 # A line is "in the loop" when it acts in at least this share of the steps.
 _LOOP_SHARE = 0.5
@@ -23,8 +34,16 @@ _TINY_OPS_PER_CALL = 32   # ... and this many in one execution of the function (
 _TINY_COPIES_PER_STEP = 64   # host-to-device: this many copies per step from one line,
 _TINY_COPY_BYTES = 4096      # ... of at most this many bytes on average (element by element)
 _STRIDED_SHARE = 0.01     # strided copies worth a finding: this share of the npu op time
-_KEPT_STEPS = 3           # a line whose tensors from this many earlier steps are alive keeps them
+_KEPT_STEPS = KEPT_STEPS  # a line whose tensors from this many earlier steps are alive keeps them
 _GROWTH_SHARE = 0.75      # memory grows: in this share of the steps after the first
+_FRESH_COPIES = 3         # host tensors made by torch.randn & co. and copied in: at least this many, in the loop
+_MINOR_SHARE = 0.01       # a finding costing less than this share of the npu op time is minor,
+_MINOR_SECONDS = 1e-4     # ... or less than this in all
+_UNFLOORED = ("float64", "memory_growth", "wrong_result")   # their cost is not the time measured
+# The least each event costs on a chip, for the floor: a launch (24.5 us on an Ascend 910,
+# profiles/ascend910b3.toml), and for a wait for the npu two (the queue drains, then refills).
+_EVENT_SECONDS = {"hidden_sync": 49e-6, "cpu_fallback": 49e-6, "host_to_device_copy": 24.5e-6,
+                  "launch_bound": 24.5e-6, "strided_copy": 24.5e-6}
 
 KINDS = ("cpu_fallback", "host_to_device_copy", "hidden_sync", "launch_bound", "strided_copy", "float64",
          "memory_growth", "wrong_result")
@@ -43,6 +62,7 @@ class Finding:
     remedy: str               # what to change
     other_locations: List[Tuple[str, int]] = field(default_factory=list)
     details: dict = field(default_factory=dict)
+    minor: bool = False       # costs under _MINOR_SHARE of the npu time (or _MINOR_SECONDS): listed apart
 
     @property
     def where(self):
@@ -70,6 +90,20 @@ def _in_loop(steps, active_steps, calls):
     if steps >= _MIN_STEPS:
         return active_steps >= _LOOP_SHARE * steps
     return calls >= _MIN_LOOP_CALLS
+
+
+def _in_own_loop(site, event):
+    """Does the line's ``event`` ("sync", "h2d", "fresh", "strided") happen in at least half of
+    the iterations of a loop it runs in (found by the monitor: a validation or generation loop,
+    whatever the optimizer does)?"""
+    for (what, loop), (_, hits) in site.loop_hits.items():
+        if what == event and loop.iterations >= _MIN_STEPS and hits >= _LOOP_SHARE * loop.iterations:
+            return True
+    return False
+
+
+def _looping(run, site, event, active_steps, calls):
+    return _in_loop(run.steps, active_steps, calls) or _in_own_loop(site, event)
 
 
 def _finding(kind, title, site, count, seconds, nbytes, remedy, others=(), **details):
@@ -135,6 +169,28 @@ def _fallback_findings(run):
     return out
 
 
+_FACTORY_NAMES = {"aten::randn": "torch.randn", "aten::rand": "torch.rand", "aten::randint": "torch.randint",
+                  "aten::randperm": "torch.randperm", "aten::normal": "torch.normal", "aten::arange": "torch.arange",
+                  "aten::linspace": "torch.linspace", "aten::logspace": "torch.logspace", "aten::eye": "torch.eye",
+                  "aten::bernoulli": "torch.bernoulli", "aten::multinomial": "torch.multinomial",
+                  "aten::poisson": "torch.poisson", "aten::zeros": "torch.zeros", "aten::ones": "torch.ones",
+                  "aten::full": "torch.full", "aten::empty": "torch.empty"}
+
+
+def _factory_remedy(op):
+    """How to make on the npu what ``op`` made on the host."""
+    if op == "repeated":
+        return "make it on the npu from the value: torch.full((n,), value, device=...), no list and no copy"
+    name = op.split("::")[-1]
+    if name.endswith("_like"):
+        return (f"make it on the npu from the npu tensor: torch.{name}(x_npu) (or torch.{name}(x, "
+                f"device=...)) instead of torch.{name} of a host tensor and a copy")
+    if name.endswith("_") and not name.startswith("_"):   # a fill of a host tensor (uniform_, normal_)
+        return f"fill a tensor made on the npu (torch.empty(..., device=...).{name}(...)) instead of a host one"
+    call = _FACTORY_NAMES.get(op, f"torch.{name}")
+    return f"make it on the npu: {call}(..., device=x.device) (or device='npu'), no host tensor and no copy"
+
+
 def _copy_findings(run):
     out = []
     for site in run.sites:
@@ -142,59 +198,110 @@ def _copy_findings(run):
             continue
         # The same few host tensors copied again and again (a constant rebuilt in the loop),
         constant = (site.h2d_repeats >= 3 and len(site.h2d_seen) <= 4
-                    and _in_loop(run.steps, site.h2d_steps, site.h2d))
+                    and _looping(run, site, "h2d", site.h2d_steps, site.h2d))
+        # new host data made by torch.randn & co. in the same function, then copied in (the npu
+        # could have made it),
+        fresh = (site.h2d_fresh >= _FRESH_COPIES and site.h2d_fresh * 2 >= site.h2d
+                 and _looping(run, site, "fresh", site.h2d_fresh_steps, site.h2d_fresh))
         # or many tiny copies per step (a tensor filled element by element from the host).
-        per_step = site.h2d / site.h2d_steps
+        per_step = site.h2d / max(1, site.h2d_steps)
         tiny = per_step >= _TINY_COPIES_PER_STEP and site.h2d_bytes / site.h2d <= _TINY_COPY_BYTES
-        if not (constant or tiny):
+        if not (constant or fresh or tiny):
             continue
+        details = {"repeats": site.h2d_repeats}
         if constant:
             what = f"the same host data copied to the npu {site.h2d} times"
             made_here = "torch.tensor" in _code(site) or "device=" in _code(site)
             remedy = ("build the tensor once, before the loop, and reuse it" if made_here else
                       "create the tensor on the npu once, before the loop (or with device='npu'), and reuse it")
+        elif fresh:
+            (file, line, op), _ = site.h2d_origins.most_common(1)[0]
+            call = _FACTORY_NAMES.get(op, op.replace("aten::", "torch."))
+            made = "on this line" if (file, line) == (site.file, site.line) else f"at line {line}"
+            what = (f"a host tensor made by {call} {made} copied to the npu in every iteration, "
+                    f"{site.h2d_fresh} times")
+            if op == "repeated":
+                what = (f"one value repeated into a host tensor and copied to the npu in every iteration, "
+                        f"{site.h2d_fresh} times")
+            remedy = (f"the tensor is made on the host ({shown_path(file)}:{line}) and copied in each time: "
+                      + _factory_remedy(op))
+            details.update(made_at={"file": file, "line": line, "op": op}, fresh_copies=site.h2d_fresh)
         else:
             what = f"{site.h2d} tiny host-to-npu copies ({per_step:.0f} per step)"
             remedy = ("gather the values on the host and copy them in one tensor (torch.stack/cat, then one "
                       ".to('npu', non_blocking=True) from pinned memory), or compute them on the npu")
         out.append(_finding("host_to_device_copy", what, site, site.h2d, site.h2d_ns / 1e9, site.h2d_bytes, remedy,
-                            repeats=site.h2d_repeats))
+                            **details))
     return out
 
 
-_SYNC_LABELS = (  # (text on the line, what the user wrote)
-    (".item()", ".item()"), (".tolist()", ".tolist()"), (".cpu()", ".cpu()"), (".numpy()", ".numpy()"),
-    ("synchronize(", "synchronize()"), ("print(", "print of an npu tensor"),
-)
+# Per form of host read (_monitor.sync_form): the title (with {expr}, {stmt}, {n}) and the remedy.
+_ITEM_REMEDY = ("keep the value on the npu and read it rarely: accumulate on the device (e.g. total += "
+                "loss.detach()) and call .item() every N steps or once at the end; "
+                "each read waits for all queued npu work")
+_SYNC_FORMS = {
+    "item": ("`{expr}` waits for the npu, {n} times", _ITEM_REMEDY),
+    "call": ("`{expr}` reads an npu value on the host and waits for the npu, {n} times",
+             "call it every N steps, or keep the value on the npu; each read of an npu value on the host "
+             "waits for all queued npu work"),
+    "convert": ("`{expr}` turns an npu tensor into a Python number and waits for the npu, {n} times",
+                "keep the values on the npu (collect them with torch.stack/torch.cat) and convert once, after the "
+                "loop; each int()/float() of an npu tensor waits for all queued npu work"),
+    "tolist": ("`{expr}` waits for the npu, {n} times",
+               "collect the values on the npu (keep the tensors, torch.stack/torch.cat them) and call .tolist() "
+               "once, after the loop; each .tolist() copies to the host and waits for all queued npu work"),
+    "to_host": ("`{expr}` copies to the host and waits for the npu, {n} times",
+                "keep the results on the npu and move them once: append the npu tensors to a list, torch.cat them "
+                "after the loop and call .cpu() once (or compute the metric on the npu); each .cpu()/.numpy() "
+                "waits for all queued npu work"),
+    "branch": ("`{stmt}` branches on an npu tensor: bool() reads it on the host and waits for the npu, {n} times",
+               "decide on the npu instead of in Python: compute both outcomes and select with torch.where (or "
+               "clamp, masked_fill, torch.nan_to_num), or test the condition every N steps; an `if` on an npu "
+               "tensor waits for all queued npu work"),
+    "stop": ("`{stmt}` checks on the host whether to stop after every iteration, waiting for the npu {n} times",
+             "keep the stopping state on the npu (finished |= next_token == eos_id; next_token = "
+             "torch.where(finished, pad_id, next_token)) and test finished.all() only every N iterations, or run a "
+             "fixed number of iterations; each check waits for all queued npu work"),
+    "index": ("`{expr}` uses a 0-dim npu tensor as a Python index or slice bound, waiting for the npu {n} times",
+              "index on the npu (torch.index_select, torch.gather, a mask with torch.where), or keep the index as a "
+              "Python int; turning an npu tensor into an index waits for all queued npu work"),
+    "print": ("printing an npu tensor (`{expr}`) waits for the npu, {n} times",
+              "print every N steps (or only at the end), and print numbers gathered on the npu; printing an npu "
+              "tensor copies it to the host and waits for all queued npu work"),
+    "shape": ("`{expr}`: an op whose output shape depends on the data (nonzero, masked_select, boolean index) "
+              "waits for the npu, {n} times",
+              "use shape-static ops: torch.where(mask, x, 0) or masked_fill instead of boolean indexing, "
+              "nonzero_static with a known size"),
+    "synchronize": ("`{expr}` waits for the npu, {n} times",
+                    "remove synchronize() from the loop: the stream keeps the order of npu work; "
+                    "synchronize only to time a region or before reading results on the host"),
+}
+_KIND_FORMS = {"copy": "to_host", "scalar": "item", "shape": "shape", "print": "print", "synchronize": "synchronize"}
 
 
-def _sync_label(site, code):
-    for text, label in _SYNC_LABELS:
-        if text in code:
-            return label
+def _sync_form(site, code):
+    """(form, expression, statement) of the line's commonest host read."""
+    if site.sync_forms:
+        return site.sync_forms.most_common(1)[0][0]
     kind = site.sync_kinds.most_common(1)[0][0]
-    return {"copy": "a copy to the host", "scalar": "a Python number or bool() read from an npu tensor",
-            "shape": "an op whose output shape depends on the data (nonzero, masked_select, boolean index)",
-            "print": "printing an npu tensor", "synchronize": "synchronize()"}[kind]
+    return _KIND_FORMS[kind], code, code
 
 
 def _sync_findings(run):
     out = []
     for site in run.sites:
-        if not site.syncs or not _in_loop(run.steps, site.sync_steps, site.syncs):
+        if not site.syncs or not _looping(run, site, "sync", site.sync_steps, site.syncs):
             continue
-        label = _sync_label(site, _code(site))
-        remedy = ("keep the value on the npu and read it rarely: accumulate on the device (e.g. total += "
-                  "loss.detach()) and call .item() every N steps or once at the end; "
-                  "each read waits for all queued npu work")
-        if "synchronize" in label:
-            remedy = ("remove synchronize() from the loop: the stream keeps the order of npu work; "
-                      "synchronize only to time a region or before reading results on the host")
-        elif "depends on the data" in label:
-            remedy = ("use shape-static ops: torch.where(mask, x, 0) or masked_fill instead of boolean indexing, "
-                      "nonzero_static with a known size")
-        out.append(_finding("hidden_sync", f"{label} waits for the npu, {site.syncs} times", site, site.syncs,
-                            site.sync_ns / 1e9, site.d2h_bytes, remedy, kinds=dict(site.sync_kinds)))
+        code = _code(site)
+        form, expr, stmt = _sync_form(site, code)
+        title, remedy = _SYNC_FORMS.get(form, _SYNC_FORMS["call"])
+        if len(expr) > 60:
+            expr = expr[:57] + "..."
+        if len(stmt) > 60:
+            stmt = stmt[:57] + "..."
+        out.append(_finding("hidden_sync", title.format(expr=expr or code, stmt=stmt or code, n=site.syncs), site,
+                            site.syncs, site.sync_ns / 1e9, site.d2h_bytes, remedy, kinds=dict(site.sync_kinds),
+                            form=form, expression=expr))
     return out
 
 
@@ -205,13 +312,19 @@ def _launch_findings(run):
             continue
         if site.most_ops_per_call < _TINY_OPS_PER_CALL:
             continue
-        if run.steps >= _MIN_STEPS:
-            many = site.direct_ops >= _TINY_OPS_PER_STEP * run.steps
+        # Per step; without steps, per iteration of the loop the line runs in (found by the monitor).
+        loop = None
+        if run.steps < _MIN_STEPS and site.loop is not None and site.loop.iterations >= _MIN_STEPS:
+            loop = site.loop
+        iterations = loop.iterations if loop is not None else run.steps
+        if iterations >= _MIN_STEPS:
+            many = site.direct_ops >= _TINY_OPS_PER_STEP * iterations
         else:
             many = site.direct_ops >= _TINY_OPS_TOTAL
         if not many:
             continue
-        per = f" ({site.direct_ops / run.steps:.0f} per step)" if run.steps else ""
+        unit = "iteration" if loop is not None else "step"
+        per = f" ({site.direct_ops / iterations:.0f} per {unit})" if iterations else ""
         mean_us = site.direct_ns / site.direct_ops / 1e3
         out.append(_finding(
             "launch_bound", f"{site.direct_ops} tiny kernels{per} launched from this line, {mean_us:.0f} us each",
@@ -226,7 +339,7 @@ def _strided_findings(run):
     out = []
     for site in run.sites:
         n = site.strided_copies + site.strided_writes
-        if site.library or not n or not _in_loop(run.steps, site.strided_steps, n):
+        if site.library or not n or not _looping(run, site, "strided", site.strided_steps, n):
             continue
         # A copy of a fresh view (attention's transpose + reshape) is the price of the layout;
         # copying the same unchanged data again, or writing in place through a strided view, is not.
@@ -257,15 +370,23 @@ def _float64_findings(run):
     if not made and not used:
         return []
     made.sort(key=lambda s: -s.f64_ops)
-    first = made[0] if made else max(used, key=lambda s: s.f64_ops)
+    # A line of the user's (not the backward pass's ops, which have none) where float64 enters.
+    first = made[0] if made else max(used, key=lambda s: (s.file != "<unknown>", s.f64_ops))
     count = sum(s.f64_ops for s in used)
     seconds = sum(s.f64_ns for s in used) / 1e9
     fallbacks = sum(n for s in run.sites for (_, reason), n in s.fallbacks.items() if reason == "float64")
     title = f"float64 tensors on the npu: {count} ops" + (f", {fallbacks} of them on the CPU" if fallbacks else "")
-    return [_finding("float64", title, first, count, seconds, 0,
-                     "most float64 ops have no npu kernel and run on the CPU (and NPUs compute float64 slowly "
-                     "or not at all): use float32 (torch.float32, .float()); numpy arrays are float64 by "
-                     "default, so convert them with torch.from_numpy(a).float() before .to('npu')",
+    code = _code(first)
+    remedy = ("most float64 ops have no npu kernel and run on the CPU (and NPUs compute float64 slowly "
+              "or not at all): use float32 (torch.float32, .float())")
+    if re.search(r"float64|\.double\(\)|torch\.double", code):
+        remedy += "; this line asks for float64 (dtype=torch.float64, .double()): ask for torch.float32"
+    elif re.search(r"numpy|np\.|from_numpy", code) or not re.search(r"torch\.tensor", code):
+        remedy += ("; numpy arrays are float64 by default, so convert them with torch.from_numpy(a).float() "
+                   "before .to('npu')")
+    else:
+        remedy += "; Python floats become float64 only when asked: give dtype=torch.float32"
+    return [_finding("float64", title, first, count, seconds, 0, remedy,
                      made[1:] + [s for s in used if s not in made and s is not first][:5], fallbacks=fallbacks)]
 
 
@@ -278,17 +399,86 @@ def _memory_findings(run):
     growth = allocated[-1] - allocated[0]
     if growth <= 0 or rises < _GROWTH_SHARE * (len(allocated) - 1):
         return []
-    keepers = sorted((s for s in run.sites if s.kept_steps >= _KEPT_STEPS), key=lambda s: -s.kept_steps)
+    keepers = [s for s in run.sites if s.kept_steps >= _KEPT_STEPS]
+    if getattr(run, "clock", None) == "loop" and not any(s.kept_graph for s in keepers):
+        # Without an optimizer, results collected on the npu for one torch.cat after the loop
+        # (predictions, generated tokens) grow by design; autograd graphs kept alive do not.
+        return []
     per_step = growth / (len(allocated) - 1)
-    site = keepers[0] if keepers else None
     title = f"npu memory grows every step: +{per_step / 1024:.1f} KiB per step over {len(allocated)} steps"
     remedy = ("tensors made here in every step stay alive: store numbers, not tensors (loss.item() at the end, "
               "or .detach() and keep only what you need), and accumulate with `total += loss.detach()`, "
               "since `total += loss` keeps every step's autograd graph")
-    if site is None:
+    if not keepers:
         return [Finding("memory_growth", title, len(allocated), 0.0, growth, None, None, "", remedy)]
-    return [_finding("memory_growth", title, site, len(allocated), 0.0, growth, remedy, keepers[1:6],
-                     per_step_bytes=per_step)]
+    # The line whose tensors of the most steps, and the most bytes, stay alive ...
+    keepers.sort(key=lambda s: (-s.kept_steps, -s.kept_bytes))
+    main = keepers[0]
+    graph = main.kept_graph
+    details = {"per_step_bytes": per_step, "made_at": {"file": main.file, "line": main.line},
+               "kept_bytes": main.kept_bytes, "autograd_graphs": graph}
+    others = [s for s in keepers if s is not main][:5]
+    if main.holder is not None:
+        # ... and the line that puts them into a container, which is the one to change.
+        file, line, name = main.holder
+        what = "tensors with their autograd graphs" if graph else "npu tensors"
+        title = (f"npu memory grows every step: `{name}` keeps {what} of every step, "
+                 f"+{per_step / 1024:.1f} KiB per step over {len(allocated)} steps")
+        made = "on this line" if (file, line) == (main.file, main.line) else f"at {shown_path(main.file)}:{main.line}"
+        remedy = (f"`{name}` holds on to {what} made {made} in every step: "
+                  + ("append `.detach()`ed tensors (or `.item()` numbers, read once at the end), or run the loop "
+                     "under torch.no_grad() if no gradient is needed: each kept result keeps its whole autograd "
+                     "graph (the activations of the step) alive" if graph else
+                     "keep only what you need (numbers, or a running total on the npu), or move the results to the "
+                     "host once at the end"))
+        details.update(holder={"file": file, "line": line, "name": name})
+        return [Finding("memory_growth", title, len(allocated), 0.0, growth, file, line,
+                        linecache.getline(file, line).strip(), remedy,
+                        [(s.file, s.line) for s in [main] + others if s.file != "<unknown>"], details)]
+    # No container: held by a variable's autograd graph (x = x - f(x), total += loss). The line
+    # of the loop's own body is the one to change, not the model's line inside it.
+    site, called = main, None
+    if not _in_loop_body(run, main):
+        body = [s for s in keepers if s.kept_steps == main.kept_steps and _in_loop_body(run, s)]
+        if body:
+            site = body[0]
+        else:   # the loop's line that calls the code making them (pred = model(x, t))
+            loop = getattr(run, "loop", None) or main.loop
+            called = next(((f, n) for f, n in reversed(main.callers)
+                           if loop is not None and f == loop.file and n in _lines_of(loop.code)), None)
+    if graph:
+        remedy = ("tensors made here in every step stay alive through an autograd graph that keeps growing "
+                  "(x = x - f(x) outside torch.no_grad(), or `total += loss`): run the loop under torch.no_grad() "
+                  "(or torch.inference_mode()) when no gradient is needed, detach what is carried to the next step "
+                  "(x = x.detach()), and accumulate with `total += loss.detach()`")
+    if graph:
+        title = (f"npu memory grows every step: the autograd graphs of earlier steps stay alive, "
+                 f"+{per_step / 1024:.1f} KiB per step over {len(allocated)} steps")
+    if called is not None:
+        file, line = called
+        return [Finding("memory_growth", title, len(allocated), 0.0, growth, file, line,
+                        linecache.getline(file, line).strip(), remedy,
+                        [(s.file, s.line) for s in keepers[:5] if s.file != "<unknown>"], details)]
+    return [_finding("memory_growth", title, site, len(allocated), 0.0, growth, remedy,
+                     [s for s in keepers if s is not site][:5], **details)]
+
+
+def _in_loop_body(run, site):
+    """Is the line in the body of the loop whose iterations are the steps (not in a function it calls)?"""
+    loop = getattr(run, "loop", None) or site.loop
+    if loop is None:
+        return False
+    return site.file == loop.file and site.line in _lines_of(loop.code)
+
+
+_code_lines = {}
+
+
+def _lines_of(code):
+    lines = _code_lines.get(code)
+    if lines is None:
+        lines = _code_lines[code] = frozenset(n for _, _, n in code.co_lines() if n is not None)
+    return lines
 
 
 def _compare_findings(run):
@@ -308,7 +498,12 @@ _RULES = (_fallback_findings, _copy_findings, _sync_findings, _launch_findings, 
 
 
 def diagnose(run):
-    """All findings of a finished run, the costliest first (wrong results always first)."""
+    """All findings of a finished run, the costliest first (wrong results always first),
+    the minor ones (see _MINOR_SHARE) after the others."""
     findings = [f for rule in _RULES for f in rule(run)]
-    findings.sort(key=lambda f: (f.kind != "wrong_result", -f.seconds, -f.bytes, f.kind))
+    floor = max(_MINOR_SHARE * run.op_ns / 1e9, _MINOR_SECONDS)
+    for f in findings:
+        cost = max(f.seconds, f.count * _EVENT_SECONDS.get(f.kind, 0.0))
+        f.minor = f.kind not in _UNFLOORED and cost < floor
+    findings.sort(key=lambda f: (f.minor, f.kind != "wrong_result", -f.seconds, -f.bytes, f.kind))
     return findings

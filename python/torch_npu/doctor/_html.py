@@ -99,6 +99,33 @@ def _plots(report):
     return plots
 
 
+def _projected_plot(report, plots):
+    """Adds to ``plots`` the measured against projected device time per op of the
+    profiled steps (when they were projected onto the target); True if it did."""
+    per_op = (report.run.profile or {}).get("per_op_projected_us") or {}
+    rows = [(op, measured, projected) for op, (measured, projected) in per_op.items() if projected > 0]
+    if not rows:
+        return False
+    import matplotlib.pyplot as plt
+    rows.sort(key=lambda r: -r[2])
+    rows = rows[:12]
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    try:
+        xs = range(len(rows))
+        ax.bar([x - 0.2 for x in xs], [r[1] for r in rows], width=0.4, label="measured (emulated npu)")
+        ax.bar([x + 0.2 for x in xs], [r[2] for r in rows], width=0.4,
+               label=f"projected on {report.verdict.device_name} (estimate)")
+        ax.set_xticks(list(xs), [r[0].replace("aten::", "")[:18] for r in rows], rotation=40, ha="right",
+                      fontsize=7)
+        ax.set_ylabel("device us in the profiled steps")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        plots.append(("projected", png_base64(fig)))
+    finally:
+        plt.close(fig)
+    return True
+
+
 def render(report):
     run = report.run
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>torch_npu doctor: {_e(run.script)}</title>",
@@ -137,5 +164,14 @@ def render(report):
     if run.compared is not None:
         parts.append(f"<h2>Compared with the cpu</h2><p>{run.compared:,} npu op calls compared; "
                      f"{len(run.mismatches)} ops differ.</p>")
+    verdict = report.verdict
+    if verdict is not None:
+        lines = verdict.lines()
+        parts.append(f"<h2 id='target'>{_e(lines[0].rstrip(':'))}</h2><pre>"
+                     + _e("\n".join(line[2:] for line in lines[1:])) + "</pre>")
+        if not isinstance(plots, str) and _projected_plot(report, plots):
+            name, data = plots[-1]
+            parts.append(f"<div class='plots'><img id='plot-{name}' alt='{name}' "
+                         f"src='data:image/png;base64,{data}'></div>")
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -65,6 +65,8 @@ class Run:
     error: Optional[str]
     findings: list = field(default_factory=list)
     target: Optional[str] = None     # the chip profile of the verdict (the CLI's --target), None: no verdict
+    clock: Optional[str] = None      # what the steps are: "optimizer", "loop", "manual" (step()), "line" (steps_at)
+    loop: object = None              # _monitor.Loop whose iterations are the steps (clock "loop")
 
     @classmethod
     def collect(cls, doctor, wall, stats_after, profile, error):
@@ -152,7 +154,7 @@ class Report:
         r = self.run
         native = 1 - r.fallback_calls / r.total_ops if r.total_ops else 1.0
         lines = [f"torch_npu doctor: {r.script}",
-                 f"  ran {r.wall_s:.1f} s on {r.device}: {r.steps} optimizer steps, {r.total_ops:,} npu ops "
+                 f"  ran {r.wall_s:.1f} s on {r.device}: {self.steps_text()}, {r.total_ops:,} npu ops "
                  f"({len(r.ops)} distinct)",
                  f"  {100 * native:.1f}% of op calls ran npu kernels, {r.fallback_calls:,} fell back to the CPU; "
                  f"peak npu memory {_size(r.peak_allocated)}"]
@@ -160,20 +162,37 @@ class Report:
             lines.append(f"  the script stopped with {r.error}")
         return lines
 
+    def steps_text(self):
+        r = self.run
+        if r.clock == "loop" and r.loop is not None:
+            return f"{r.steps} iterations of the loop at {shown_path(r.loop.file)}:{r.loop.line}"
+        if r.clock == "line":
+            return f"{r.steps} iterations (--steps-at)"
+        if r.clock == "manual":
+            return f"{r.steps} steps (Doctor.step())"
+        if r.clock is None and not r.steps:
+            return "no loop found"
+        return f"{r.steps} optimizer steps"
+
     def __str__(self):
         r = self.run
         lines = self.header_lines() + [""]
-        if not r.findings:
+        major = [f for f in r.findings if not getattr(f, "minor", False)]
+        minor = [f for f in r.findings if getattr(f, "minor", False)]
+        if not major:
             lines.append(CLEAN)
         else:
-            lines.append(f"{len(r.findings)} finding{'s' if len(r.findings) > 1 else ''}, costliest first:")
-            for i, f in enumerate(r.findings, 1):
+            lines.append(f"{len(major)} finding{'s' if len(major) > 1 else ''}, costliest first:")
+            for i, f in enumerate(major, 1):
                 lines += ["", f"{i}. [{f.kind}] {f.title}", f"   at {f.where}" + (f"    {f.code}" if f.code else "")]
                 if cost_text(f):
                     lines.append(f"   cost: {cost_text(f)}")
                 if f.other_locations:
                     lines.append(f"   also at: {other_locations_text(f)}")
                 lines.append(f"   fix: {f.remedy}")
+        if minor:
+            lines += ["", f"Minor (under 1% of the npu time each; fix them last): "
+                          + "; ".join(f"[{f.kind}] {f.title} at {f.where}" for f in minor)]
         lines += ["", self.ops_table()]
         profile = r.profile
         if profile and "analysis" in profile:
