@@ -736,3 +736,33 @@ def test_a_function_of_small_ops_called_per_sample_is_launch_bound():
         pipeline()
     [f] = d.findings
     assert (f.kind, f.line) == ("launch_bound", _line_of(normalize, "the tiny ops")), (f.kind, f.line, f.title)
+
+
+COMPILED = """\
+import torch
+m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).npu()
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+step = torch.compile(lambda x: m(x).square().mean())
+for i in range(8):
+    loss = step(torch.randn(8, 16, device="npu"))
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+import torch._dynamo.utils as u
+print("graphs", u.counters["stats"]["unique_graphs"])
+"""
+
+
+def test_compiled_code_runs_compiled_under_the_doctor(tmp_path):
+    script = tmp_path / "compiled.py"
+    script.write_text(COMPILED)
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "torch_npu.doctor", "--no-progress", "--no-profile", "--target",
+                           "none", "--json", str(out), str(script)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "graphs 1" in proc.stdout                         # dynamo compiled it, under the doctor's mode
+    assert "torch.compile: " in proc.stdout and "compiled into 1 graph, 0 graph breaks" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["compile"]["graphs"] == 1 and report["compile"]["graph_breaks"] == {}
+    # the generated code's ops are the compiled function's: no finding points into inductor's cache
+    assert all("torchinductor" not in (f["file"] or "") for f in report["findings"]), report["findings"]

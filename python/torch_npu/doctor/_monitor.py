@@ -42,8 +42,15 @@ _PLUMBING = tuple(os.path.join(_TORCH_DIR, p) for p in (
     os.path.join(_NPU_DIR, "contrib"), os.path.join(_NPU_DIR, "doctor"))
 
 
+# The code inductor generates for torch.compile (its cache directory): its ops are
+# the compiled function's, reported at the user's line that called it.
+_INDUCTOR_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.sep + "torchinductor_"
+
+
 def _is_internal(filename):
     if filename.startswith(_TORCH_DIR) or filename.startswith(_NPU_DIR) or filename.startswith("<frozen"):
+        return True
+    if _INDUCTOR_CACHE in filename:
         return True
     return filename.startswith(_STDLIB_DIR) and "-packages" not in filename
 
@@ -439,6 +446,13 @@ def _factory_kind(func):
 
 class Monitor(TorchDispatchMode):
     """Collects per-line counters for every op that touches an npu tensor."""
+
+    @classmethod
+    def ignore_compile_internals(cls):
+        # Without this, dynamo skips every frame while a dispatch mode is on and a
+        # compiled script runs eager under the doctor. With it, the mode is off
+        # while dynamo and inductor compile and on while the compiled code runs.
+        return True
 
     def __init__(self, compare=None):
         super().__init__()

@@ -67,6 +67,7 @@ class Run:
     target: Optional[str] = None     # the chip profile of the verdict (the CLI's --target), None: no verdict
     clock: Optional[str] = None      # what the steps are: "optimizer", "loop", "manual" (step()), "line" (steps_at)
     loop: object = None              # _monitor.Loop whose iterations are the steps (clock "loop")
+    compile: Optional[dict] = None   # what torch.compile did during the run (doctor/__init__.py), None: nothing
 
     @classmethod
     def collect(cls, doctor, wall, stats_after, profile, error):
@@ -158,6 +159,16 @@ class Report:
                  f"({len(r.ops)} distinct)",
                  f"  {100 * native:.1f}% of op calls ran npu kernels, {r.fallback_calls:,} fell back to the CPU; "
                  f"peak npu memory {_size(r.peak_allocated)}"]
+        if r.compile:
+            c = r.compile
+            breaks = sum(c["graph_breaks"].values())
+            line = (f"  torch.compile: {c['frames']} frame{'s' if c['frames'] != 1 else ''} compiled into "
+                    f"{c['graphs']} graph{'s' if c['graphs'] != 1 else ''}, {breaks} graph break"
+                    f"{'s' if breaks != 1 else ''}")
+            if c["graph_breaks"]:
+                reason, n = max(c["graph_breaks"].items(), key=lambda kv: kv[1])
+                line += f" (most: {reason[:80]}, {n}x)"
+            lines.append(line)
         if r.error:
             lines.append(f"  the script stopped with {r.error}")
         return lines
@@ -255,6 +266,7 @@ class Report:
                 {"op": m.op, "bad_calls": m.bad_calls, "calls": m.calls, "max_abs_diff": m.max_abs_diff,
                  "dtype": m.dtype, "inputs": m.inputs} for m in r.mismatches]},
             "target": None if self.verdict is None else self.verdict.as_dict(),
+            "compile": r.compile,
         }
 
     def to_json(self, path):
