@@ -143,6 +143,13 @@ const DeviceProfile* projectionProfile() {
   return chip.cost ? &chip : nullptr;
 }
 
+const CostModel& projectionCost() {
+  const DeviceProfile* chip = projectionProfile();
+  TORCH_CHECK(chip != nullptr, "torch_npu: the device profile '", active().name,
+              "' has no cost model and no projection target is set");
+  return *chip->cost;
+}
+
 void setProjectionTarget(const std::string& name) {
   if (name.empty()) {
     g_projection_target.store(nullptr);
@@ -296,6 +303,11 @@ KernelWork estimateWork(const c10::OperatorHandle& op, const torch::jit::Stack& 
   // A functional op also writes a result about the size of its largest operand.
   if (!has_out) work.bytes += largest * static_cast<double>(c10::elementSize(work.dtype));
   return work;
+}
+
+int64_t projectedKernelNs(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const DeviceProfile* chip = projectionProfile();
+  return chip != nullptr ? projectKernelNs(*chip->cost, estimateWork(op, stack)) : 0;
 }
 
 }  // namespace npu::profile

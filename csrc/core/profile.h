@@ -109,6 +109,10 @@ const DeviceProfile* projectionProfile();
 // Sets the projection target by profile name; "" clears it.
 void setProjectionTarget(const std::string& name);
 
+// The cost model of projectionProfile(); throws c10::Error, naming the active
+// profile, when there is none.
+const CostModel& projectionCost();
+
 // What a kernel does, for its projected time.
 struct KernelWork {
   double flops = 0;
@@ -127,5 +131,9 @@ int64_t projectCopyNs(const CostModel& cost, double bytes, bool crosses_link);
 // one per output element for the others; bytes of every tensor argument plus
 // an estimate of the output.
 KernelWork estimateWork(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
+// The projected time of `op` on the arguments in `stack` on projectionProfile()'s
+// chip, in nanoseconds; 0 without a projection profile. The kernels' one way
+// to stamp their launch (tracing::Projection) while a profiler runs.
+int64_t projectedKernelNs(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
 
 }  // namespace npu::profile

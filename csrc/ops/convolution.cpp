@@ -76,14 +76,6 @@ at::Tensor roundedTo(const at::Tensor& t, c10::ScalarType type) {
   return out;
 }
 
-// The projected time of the kernel on the profile's chip, for the profiler (0: none).
-template <typename Boxed>
-int64_t projectedNs(const c10::OperatorHandle& op, const Boxed& boxed) {
-  if (!runtime::tracing::enabled()) return 0;
-  const auto* chip = profile::projectionProfile();
-  return chip != nullptr ? profile::projectKernelNs(*chip->cost, profile::estimateWork(op, boxed())) : 0;
-}
-
 at::Tensor back(const at::Tensor& t, c10::Device device, int64_t* bytes) {
   if (!t.defined()) return t;
   *bytes += static_cast<int64_t>(t.numel() * t.itemsize());
@@ -120,7 +112,8 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
   for (const auto* t : {&input, &weight, &bias_t}) {
     if (t->defined()) checkChipDtype(t->scalar_type(), "aten::convolution");
   }
-  runtime::tracing::Projection projected(projectedNs(convolutionOp(), boxed));
+  runtime::tracing::Projection projected(
+      runtime::tracing::enabled() ? profile::projectedKernelNs(convolutionOp(), boxed()) : 0);
   HostExecution exec(input.device(), "aten::convolution");
   auto out = at::convolution(onCube(exec.alias(input)), onCube(exec.alias(weight)), onCube(exec.alias(bias_t)),
                              stride, padding, dilation, transposed, output_padding, groups);
@@ -154,7 +147,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
                           });
   }
   for (const auto* t : {&grad_output, &input, &weight}) checkChipDtype(t->scalar_type(), "aten::convolution_backward");
-  runtime::tracing::Projection projected(projectedNs(convolutionBackwardOp(), boxed));
+  runtime::tracing::Projection projected(
+      runtime::tracing::enabled() ? profile::projectedKernelNs(convolutionBackwardOp(), boxed()) : 0);
   HostExecution exec(input.device(), "aten::convolution_backward");
   auto [gi, gw, gb] = at::convolution_backward(onCube(exec.alias(grad_output)), onCube(exec.alias(input)),
                                                onCube(exec.alias(weight)), bias_arg, stride, padding, dilation,

@@ -242,11 +242,7 @@ void NativeKernel::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet
   }
   checkChipDtypes(op, *stack);
   std::optional<runtime::tracing::Projection> projection;  // for the profiler: this kernel's time on the chip
-  if (C10_UNLIKELY(runtime::tracing::enabled())) {
-    if (const auto* chip = profile::projectionProfile()) {
-      projection.emplace(profile::projectKernelNs(*chip->cost, profile::estimateWork(op, *stack)));
-    }
-  }
+  if (C10_UNLIKELY(runtime::tracing::enabled())) projection.emplace(profile::projectedKernelNs(op, *stack));
   if (!t.is_view) {
     if (auto refused = refusedDtype(op, *stack)) {
       const dispatch::DtypeRefusal refusal{c10::toString(*refused), supportedDtypes()};

@@ -217,11 +217,10 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
     const bool low_precision = out.scalar_type() == c10::kHalf || out.scalar_type() == c10::kBFloat16;
     if (!generic.accepts(out.scalar_type()) || (low_precision && isCubeOp(op))) return run_generic();
     std::optional<runtime::tracing::Projection> projection;  // for the profiler: this kernel's time on the chip
-    if (C10_UNLIKELY(runtime::tracing::enabled()) && profile::projectionProfile() != nullptr) {
+    if (C10_UNLIKELY(runtime::tracing::enabled())) {
       torch::jit::Stack stack;
       torch::jit::push(stack, args...);
-      projection.emplace(
-          profile::projectKernelNs(*profile::projectionProfile()->cost, profile::estimateWork(op, stack)));
+      projection.emplace(profile::projectedKernelNs(op, stack));
     }
     std::size_t bytes = bytesOf(out);
     auto captured = std::make_tuple(Capture<Args>::make(args, bytes)...);

@@ -133,17 +133,11 @@ void bindRuntime(py::module_& m) {
   });
   // Projected times of the cost model, for tests and torch_npu.profiler: (ns).
   m.def("_project_kernel_ns", [](double flops, bool cube, py::object dtype, double bytes) {
-    const auto* chip = npu::profile::projectionProfile();
-    TORCH_CHECK(chip != nullptr, "torch_npu: the device profile '", npu::profile::active().name,
-                "' has no cost model and no projection target is set");
     npu::profile::KernelWork work{flops, cube, torch::python::detail::py_object_to_dtype(dtype), bytes};
-    return npu::profile::projectKernelNs(*chip->cost, work);
+    return npu::profile::projectKernelNs(npu::profile::projectionCost(), work);
   });
   m.def("_project_copy_ns", [](double bytes, bool crosses_link) {
-    const auto* chip = npu::profile::projectionProfile();
-    TORCH_CHECK(chip != nullptr, "torch_npu: the device profile '", npu::profile::active().name,
-                "' has no cost model and no projection target is set");
-    return npu::profile::projectCopyNs(*chip->cost, bytes, crosses_link);
+    return npu::profile::projectCopyNs(npu::profile::projectionCost(), bytes, crosses_link);
   });
   // Kernels for tests of asynchrony and error reporting (torch.npu._sleep, ...).
   m.def("_launch_sleep", [](int64_t d, double ms) {
