@@ -675,6 +675,40 @@ def test_findings_below_the_cost_floor_are_minor():
     assert len(d.findings) == 2 and not any(f.minor for f in d.findings)
 
 
+@pytest.mark.host_timing   # the floor: a share of the npu op time
+def test_findings_are_ranked_by_their_projected_cost_on_the_target():
+    from torch_npu import _profiles
+    big = torch.randn(512, 512, device="npu")
+    small = torch.ones(4, device="npu")
+
+    def loop():
+        for _ in range(12):
+            for _ in range(8):
+                big @ big                            # the run's npu time
+            small.sum().item()                       # a read per step: cheap on the emulator
+
+    with Doctor(profile=False) as plain:             # no target: no projection, and the read is minor
+        loop()
+    [sync] = plain.findings
+    assert sync.minor and sync.projected_s is None and plain.run.verdict is None
+    with Doctor(target="ascend910b2") as d:
+        loop()
+    v = d.run.verdict
+    assert v is not None and v.steps > 0 and v.host_ms_per_step > 0 and v.device_ms_per_step > 0
+    [sync] = [f for f in d.findings if f.kind == "hidden_sync"]
+    launch = _profiles.load("ascend910b2").cost["launch_us"] * 1e-6
+    overlap = min(v.host_ms_per_step, v.device_ms_per_step) / 1e3
+    assert sync.projected_s == pytest.approx(sync.count * 2 * launch + min(sync.count, d.run.steps) * overlap)
+    major = [f for f in d.findings if not f.minor]
+    assert sync in major        # on the chip a read ends the overlap of host and chip work: not minor there
+    costs = [f.projected_s or 0.0 for f in major if f.kind != "wrong_result"]
+    assert costs == sorted(costs, reverse=True)
+    assert [r.kind for r in v.ranked] == [f.kind for f in d.findings if f.projected_s]
+    assert "projected on Ascend910B2" in str(d.report())
+    with pytest.raises(ValueError, match="no chip"):
+        Doctor(target="generic")
+
+
 def test_inference_mode_copies_and_reads_are_seen():
     # Under inference_mode PyTorch hands the mode aten::to, aten::item and aten::is_nonzero
     # undecomposed: they are still copies and reads.

@@ -57,6 +57,10 @@ class Doctor:
     profile:  profile three iterations with torch_npu.profiler for host vs device time per op.
     progress: keep a progress line on stderr (steps, ops, elapsed).
     script:   the name shown in the report's header.
+    target:   a chip profile name ("ascend910b2", ...): the report ends with that chip's verdict
+              (ops that would fall back there, projected device time per step) and the
+              findings are ranked by their projected cost on it. The CLI's default is
+              ascend910b2; here the default is none.
     steps_at: "FILE:LINE" (or (file, line)): each time that line of the script runs is one
               iteration (a step), instead of the optimizer's steps; FILE is a path, or the end of
               one (``train.py`` matches ``/work/train.py``). Lines are traced with
@@ -70,8 +74,9 @@ class Doctor:
     judged per iteration too.
     """
 
-    def __init__(self, compare=False, profile=True, progress=False, script=None, steps_at=None):
+    def __init__(self, compare=False, profile=True, progress=False, script=None, steps_at=None, target=None):
         self.compare, self.profile, self.progress = compare, profile, progress
+        self.target = _check_target(target) if target is not None else None
         self.script = script or (sys.argv[0] if sys.argv and sys.argv[0] else "<python>")
         self.steps_at = _parse_steps_at(steps_at) if steps_at is not None else None
         self.findings = []
@@ -103,6 +108,10 @@ class Doctor:
         self.monitor.on_loop_step = self._loop_step
         self.monitor.on_loop_switch = self._loop_switch
         self._profiler = None
+        if self.target is not None:
+            from ..profiler import set_projection_target
+            set_projection_target(self.target)   # the profiled steps are projected onto the target
+            self._undo_projection = lambda: set_projection_target(None)
         # A Doctor started inside a running one gets a group of its own: stopping it
         # leaves the outer one's wrappers (under its own) in place.
         self._group = GROUP if not _patches.applied(GROUP) else f"{GROUP}:{id(self):x}"
@@ -177,6 +186,8 @@ class Doctor:
             self.monitor.forget_frames()
             self._sampler.stop()
             profile = self._stop_profiler()
+            if self.target is not None:
+                self._undo_projection()
         stats_after = _fallback.NPUFallbackMode.get_fallback_stats()
         self.run = Run.collect(self, wall, stats_after, profile, error or device_error)
         # What the steps were: "optimizer", "manual" (step()), "line" (steps_at) or "loop" (the
@@ -184,7 +195,11 @@ class Doctor:
         self.run.clock = self.clock if self.monitor.step else None
         self.run.loop = self.monitor.primary_loop if self.clock == "loop" else None
         self.run.compile = _compile_delta(self._compile_before, _compile_counters())
+        self.run.target = self.target
         self.findings = _findings.diagnose(self.run)
+        if self.target is not None:
+            from ._target import rank
+            self.run.verdict = rank(self.run, self.findings, self.target)
         self.run.findings = self.findings
 
     def report(self) -> Report:
@@ -300,6 +315,15 @@ class Doctor:
                     "per_op_projected_us": projected}
         except Exception as e:  # noqa: BLE001  a profiler problem must not cost the report
             return {"error": f"{type(e).__name__}: {e}"}
+
+
+def _check_target(name):
+    """The chip profile ``name`` (a ValueError naming the chips when it is none)."""
+    from .. import _profiles
+    if _profiles.load(name).cost is None:
+        raise ValueError(f"device profile {name!r} is no chip; pick one of "
+                         + ", ".join(n for n in _profiles.names() if n != _profiles.GENERIC))
+    return name
 
 
 def _compile_counters():

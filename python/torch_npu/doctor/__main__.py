@@ -68,35 +68,26 @@ def main(argv=None, prog="python -m torch_npu.doctor"):
     import torch_npu  # noqa: F401  (the npu device)
     target = None if options.target.lower() == "none" else options.target
     if target is not None:
-        from torch_npu import _profiles
+        from . import _check_target
         try:
-            if _profiles.load(target).cost is None:
-                raise ValueError(f"device profile {target!r} is no chip; pick one of "
-                                 + ", ".join(n for n in _profiles.names() if n != _profiles.GENERIC))
+            _check_target(target)
         except ValueError as e:
             print(f"{prog}: --target: {e}", file=sys.stderr)
             return 2
-        from torch_npu.profiler import set_projection_target
-        set_projection_target(target)   # the profiled steps are projected onto the target chip
     if options.transfer:
         import torch_npu.contrib.transfer_to_npu  # noqa: F401
     from . import Doctor
 
     try:
         doctor = Doctor(compare=options.compare, profile=options.profile, progress=options.progress,
-                        script=options.script, steps_at=options.steps_at)
+                        script=options.script, steps_at=options.steps_at, target=target)
     except ValueError as e:
         print(f"{prog}: --steps-at: {e}", file=sys.stderr)
         return 2
-    try:
-        with doctor:
-            error = _run_script(options)
-    finally:
-        if target is not None:
-            set_projection_target(None)
+    with doctor:
+        error = _run_script(options)
     if error is not None and doctor.run.error is None:
         doctor.run.error = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    doctor.run.target = target
     report = doctor.report()
     print(report, flush=True)
     if options.json:

@@ -63,6 +63,7 @@ class Finding:
     other_locations: List[Tuple[str, int]] = field(default_factory=list)
     details: dict = field(default_factory=dict)
     minor: bool = False       # costs under _MINOR_SHARE of the npu time (or _MINOR_SECONDS): listed apart
+    projected_s: Optional[float] = None   # its cost on the target chip (doctor/_target.py); None: no target
 
     @property
     def where(self):
@@ -501,9 +502,24 @@ def diagnose(run):
     """All findings of a finished run, the costliest first (wrong results always first),
     the minor ones (see _MINOR_SHARE) after the others."""
     findings = [f for rule in _RULES for f in rule(run)]
-    floor = max(_MINOR_SHARE * run.op_ns / 1e9, _MINOR_SECONDS)
+    floor = emulated_floor(run)
     for f in findings:
-        cost = max(f.seconds, f.count * _EVENT_SECONDS.get(f.kind, 0.0))
-        f.minor = f.kind not in _UNFLOORED and cost < floor
-    findings.sort(key=lambda f: (f.minor, f.kind != "wrong_result", -f.seconds, -f.bytes, f.kind))
+        f.minor = f.kind not in _UNFLOORED and emulated_cost(f) < floor
+    findings.sort(key=rank_key)
     return findings
+
+
+def emulated_floor(run):
+    """The cost under which a finding is minor in this run, seconds."""
+    return max(_MINOR_SHARE * run.op_ns / 1e9, _MINOR_SECONDS)
+
+
+def emulated_cost(finding):
+    """What a finding cost in this run, with the least each of its events costs a chip."""
+    return max(finding.seconds, finding.count * _EVENT_SECONDS.get(finding.kind, 0.0))
+
+
+def rank_key(f):
+    """Major before minor, wrong results first, then by projected cost on the target chip
+    when there is one, then by the time and bytes measured here."""
+    return (f.minor, f.kind != "wrong_result", -(f.projected_s or 0.0), -f.seconds, -f.bytes, f.kind)

@@ -137,7 +137,8 @@ def render(report):
     else:
         parts.append(f"<h2>{len(run.findings)} findings, costliest first</h2>")
         for i, f in enumerate(run.findings, 1):
-            cost, others = cost_text(f), other_locations_text(f)
+            chip = report.verdict.device_name if report.verdict is not None else None
+            cost, others = cost_text(f, chip), other_locations_text(f)
             parts.append(
                 f"<div class='finding {_e(f.kind)}'><p><span class='kind'>{i}. {_e(f.kind)}</span> {_e(f.title)}</p>"
                 f"<p>at <code>{_e(f.where)}</code>" + (f" <code>{_e(f.code)}</code>" if f.code else "") + "</p>"

@@ -65,6 +65,7 @@ class Run:
     error: Optional[str]
     findings: list = field(default_factory=list)
     target: Optional[str] = None     # the chip profile of the verdict (the CLI's --target), None: no verdict
+    verdict: object = None           # _target.Verdict for target, made when the Doctor stops
     clock: Optional[str] = None      # what the steps are: "optimizer", "loop", "manual" (step()), "line" (steps_at)
     loop: object = None              # _monitor.Loop whose iterations are the steps (clock "loop")
     compile: Optional[dict] = None   # what torch.compile did during the run (doctor/__init__.py), None: nothing
@@ -129,10 +130,13 @@ CLEAN = ("No problems found: no CPU fallbacks, copies or syncs in the loop, laun
          "memory growth.")
 
 
-def cost_text(finding):
-    """"9.8 ms, 24.0 MiB", either part left out when zero."""
+def cost_text(finding, chip=None):
+    """"9.8 ms, 24.0 MiB; 31 ms projected on Ascend910B2", each part left out when zero."""
     parts = (_time(finding.seconds) if finding.seconds else "", _size(finding.bytes) if finding.bytes else "")
-    return ", ".join(p for p in parts if p)
+    text = ", ".join(p for p in parts if p)
+    if chip and finding.projected_s:
+        text += ("; " if text else "") + f"{_time(finding.projected_s)} projected on {chip}"
+    return text
 
 
 def other_locations_text(finding, k=5):
@@ -196,13 +200,15 @@ class Report:
             lines.append(f"{len(major)} finding{'s' if len(major) > 1 else ''}, costliest first:")
             for i, f in enumerate(major, 1):
                 lines += ["", f"{i}. [{f.kind}] {f.title}", f"   at {f.where}" + (f"    {f.code}" if f.code else "")]
-                if cost_text(f):
-                    lines.append(f"   cost: {cost_text(f)}")
+                chip = r.verdict.device_name if r.verdict is not None else None
+                if cost_text(f, chip):
+                    lines.append(f"   cost: {cost_text(f, chip)}")
                 if f.other_locations:
                     lines.append(f"   also at: {other_locations_text(f)}")
                 lines.append(f"   fix: {f.remedy}")
         if minor:
-            lines += ["", f"Minor (under 1% of the npu time each; fix them last): "
+            where = " here and on the target chip" if r.verdict is not None else ""
+            lines += ["", f"Minor (under 1% of the npu time each{where}; fix them last): "
                           + "; ".join(f"[{f.kind}] {f.title} at {f.where}" for f in minor)]
         lines += ["", self.ops_table()]
         profile = r.profile
@@ -223,10 +229,7 @@ class Report:
         """The target chip's section (doctor/_target.py), or None without a target."""
         if self.run.target is None:
             return None
-        if not hasattr(self, "_verdict"):
-            from ._target import verdict
-            self._verdict = verdict(self.run, self.run.findings, self.run.target)
-        return self._verdict
+        return self.run.verdict
 
     def ops_table(self, k=12):
         rows = [f"Top npu ops by host time ({len(self.run.ops)} distinct):",

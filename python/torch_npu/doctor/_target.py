@@ -78,9 +78,7 @@ class Verdict:
         for dtype in self.refused_dtypes:
             out.append(f"  {dtype}")
         if self.ranked:
-            out.append("  findings by their projected cost there:")
-            for r in self.ranked[:10]:
-                out.append(f"    {r.index}. [{r.kind}] {_ms(r.projected_s)} at {r.where}: {r.title}")
+            out.append("  the findings above are ranked by their projected cost there (the 'on ... ' part of each cost)")
         return out
 
     def as_dict(self):
@@ -104,17 +102,21 @@ def _ms(seconds):
     return f"{seconds * 1e3:.2f} ms"
 
 
-def _projected_cost(finding, cost):
+def _projected_cost(finding, cost, overlap_s=0.0, iterations=0):
     """A finding's cost on the chip, seconds: each launch, copy or sync pays the chip's
-    launch overhead; bytes cross the host link or device memory at their speed."""
+    launch overhead; bytes cross the host link or device memory at their speed. A host
+    read also ends the overlap of host and chip: a step with one takes the host's time
+    plus the chip's instead of the larger of the two, so each step it happens in loses
+    ``overlap_s``, the smaller of the two (from the profiled steps; 0 without them)."""
     launch = cost["launch_us"] * 1e-6
     link = cost["link_gbps"] * 1e9
     memory = cost["memory_gbps"] * 1e9
     n, nbytes = max(finding.count, 0), max(finding.bytes, 0)
+    waits = min(n, iterations) * overlap_s if iterations else 0.0
     if finding.kind == "hidden_sync":
-        return n * 2 * launch                        # the queue drains, then the launches restart
+        return n * 2 * launch + waits              # the queue drains, then the launches restart
     if finding.kind in ("cpu_fallback", "float64"):
-        return n * 2 * launch + 2 * nbytes / link    # a sync, copies both ways
+        return n * 2 * launch + 2 * nbytes / link + waits   # a sync, copies both ways
     if finding.kind == "host_to_device_copy":
         return n * launch + nbytes / link
     if finding.kind == "launch_bound":
@@ -124,7 +126,7 @@ def _projected_cost(finding, cost):
     return 0.0
 
 
-def verdict(run, findings, target):
+def verdict(run, target):
     """The section for chip profile ``target`` of a finished run."""
     from .. import _ops_registry, _profiles
     chip = _profiles.load(target)
@@ -170,10 +172,32 @@ def verdict(run, findings, target):
         out.launch_ms_per_step = analysis.projected_launch_us / steps / 1e3
         out.host_ms_per_step = analysis.projected_host_us / steps / 1e3
         out.bound = analysis.projected_bound
-    # The findings, re-ranked by what they would cost there.
-    for i, f in enumerate(findings, 1):
-        cost = _projected_cost(f, chip.cost) if chip.cost else 0.0
-        if cost > 0:
-            out.ranked.append(RankedFinding(i, f.kind, f.title, f.where, cost))
-    out.ranked.sort(key=lambda r: -r.projected_s)
     return out
+
+
+def rank(run, findings, target):
+    """The verdict for ``target``, and ``findings`` re-ranked in place by their projected cost
+    there (``Finding.projected_s``): a finding is minor only when it is minor both in this run
+    and on the chip (under _MINOR_SHARE of the projected time of the run's iterations)."""
+    from ._findings import _MINOR_SHARE, _UNFLOORED, emulated_cost, emulated_floor, rank_key
+    out = verdict(run, target)
+    chip_cost = _chip_cost(target)
+    if not chip_cost:
+        return out
+    iterations = run.steps if out.steps else 0
+    overlap_s = min(out.host_ms_per_step, out.device_ms_per_step) / 1e3
+    step_s = max(out.host_ms_per_step, out.device_ms_per_step) / 1e3
+    floor, chip_floor = emulated_floor(run), _MINOR_SHARE * step_s * iterations
+    for f in findings:
+        f.projected_s = _projected_cost(f, chip_cost, overlap_s, iterations)
+        if f.kind not in _UNFLOORED and chip_floor > 0:
+            f.minor = emulated_cost(f) < floor and f.projected_s < chip_floor
+    findings.sort(key=rank_key)
+    out.ranked = [RankedFinding(i, f.kind, f.title, f.where, f.projected_s)
+                  for i, f in enumerate(findings, 1) if f.projected_s]
+    return out
+
+
+def _chip_cost(target):
+    from .. import _profiles
+    return _profiles.load(target).cost
