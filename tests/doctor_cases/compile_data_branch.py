@@ -1,6 +1,7 @@
 # doctor-case: compiled function with a data-dependent branch `if x.norm() > 10:` (graph break and host read per call)
 # loop: compile
-# expect: hidden_sync @ 15
+# expect: hidden_sync @ 16
+# expect: compile @ 16
 import torch
 import torch.nn as nn
 

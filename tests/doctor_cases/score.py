@@ -39,7 +39,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KINDS = ("cpu_fallback", "host_to_device_copy", "hidden_sync", "launch_bound", "strided_copy", "float64",
-         "memory_growth", "wrong_result")
+         "memory_growth", "wrong_result", "compile")
 MAX_JOBS = 2   # the cases are scored on small machines: two doctors at a time at most
 
 _EXPECT = re.compile(r"^#\s*expect:\s*(?P<kind>[a-z0-9_]+)\s*@\s*(?P<lines>\d+(?:\s*\|\s*\d+)*)\s*$")

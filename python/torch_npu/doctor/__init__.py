@@ -40,7 +40,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .. import _patches
 from .. import fallback as _fallback
-from . import _findings, _monitor
+from . import _compiled, _findings, _monitor
 from ._compare import Comparator
 from ._findings import KINDS, Finding
 from ._report import Report, Run
@@ -100,7 +100,7 @@ class Doctor:
         self._active = True
         self._undo = []
         self._stats_before = _fallback.NPUFallbackMode.get_fallback_stats()
-        self._compile_before = _compile_counters()
+        self._compile_before = _compiled.snapshot()
         self._comparator = Comparator() if self.compare else None
         self.monitor = _monitor.Monitor(self._comparator)
         # What marks the iterations: "loop" (found), "optimizer", "manual" (step()), "line" (steps_at).
@@ -194,7 +194,7 @@ class Doctor:
         # iterations of primary_loop, found); None: no steps.
         self.run.clock = self.clock if self.monitor.step else None
         self.run.loop = self.monitor.primary_loop if self.clock == "loop" else None
-        self.run.compile = _compile_delta(self._compile_before, _compile_counters())
+        self.run.compile = _compiled.delta(self._compile_before, _compiled.snapshot())
         self.run.target = self.target
         self.findings = _findings.diagnose(self.run)
         if self.target is not None:
@@ -324,33 +324,6 @@ def _check_target(name):
         raise ValueError(f"device profile {name!r} is no chip; pick one of "
                          + ", ".join(n for n in _profiles.names() if n != _profiles.GENERIC))
     return name
-
-
-def _compile_counters():
-    """torch.compile's counters (dynamo's frames, graphs and graph breaks) so far; {} before
-    torch._dynamo was ever imported (nothing compiled)."""
-    utils = sys.modules.get("torch._dynamo.utils")
-    if utils is None:
-        return {}
-    c = utils.counters
-    return {"frames": c["frames"]["total"], "frames_ok": c["frames"]["ok"], "graphs": c["stats"]["unique_graphs"],
-            "graph_breaks": dict(c["graph_break"])}
-
-
-def _compile_delta(before, after):
-    """What torch.compile did during the run: frames compiled (recompilations included),
-    graphs, and graph breaks by reason (the first line of dynamo's explanation); None if
-    nothing was compiled."""
-    if not after or after["frames"] == before.get("frames", 0):
-        return None
-    breaks = {}
-    for reason, n in after["graph_breaks"].items():
-        n -= before.get("graph_breaks", {}).get(reason, 0)
-        if n > 0:
-            breaks[reason.strip().splitlines()[0]] = breaks.get(reason.strip().splitlines()[0], 0) + n
-    return {"frames": after["frames"] - before.get("frames", 0),
-            "frames_ok": after["frames_ok"] - before.get("frames_ok", 0),
-            "graphs": after["graphs"] - before.get("graphs", 0), "graph_breaks": breaks}
 
 
 def _parse_steps_at(where):

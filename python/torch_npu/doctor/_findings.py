@@ -36,6 +36,7 @@ _TINY_COPY_BYTES = 4096      # ... of at most this many bytes on average (elemen
 _STRIDED_SHARE = 0.01     # strided copies worth a finding: this share of the npu op time
 _KEPT_STEPS = KEPT_STEPS  # a line whose tensors from this many earlier steps are alive keeps them
 _GROWTH_SHARE = 0.75      # memory grows: in this share of the steps after the first
+_RECOMPILES = 2           # a function torch.compile compiled again this many times: a finding
 _FRESH_COPIES = 3         # host tensors made by torch.randn & co. and copied in: at least this many, in the loop
 _MINOR_SHARE = 0.01       # a finding costing less than this share of the npu op time is minor,
 _MINOR_SECONDS = 1e-4     # ... or less than this in all
@@ -46,7 +47,7 @@ _EVENT_SECONDS = {"hidden_sync": 49e-6, "cpu_fallback": 49e-6, "host_to_device_c
                   "launch_bound": 24.5e-6, "strided_copy": 24.5e-6}
 
 KINDS = ("cpu_fallback", "host_to_device_copy", "hidden_sync", "launch_bound", "strided_copy", "float64",
-         "memory_growth", "wrong_result")
+         "memory_growth", "wrong_result", "compile")
 
 
 @dataclass
@@ -302,6 +303,7 @@ def _sync_findings(run):
             stmt = stmt[:57] + "..."
         out.append(_finding("hidden_sync", title.format(expr=expr or code, stmt=stmt or code, n=site.syncs), site,
                             site.syncs, site.sync_ns / 1e9, site.d2h_bytes, remedy, kinds=dict(site.sync_kinds),
+                            host_gap_s=site.sync_gap_ns / 1e9,
                             form=form, expression=expr))
     return out
 
@@ -494,8 +496,60 @@ def _compare_findings(run):
     return out
 
 
+def _compile_findings(run):
+    """torch.compile's graph breaks (one finding per line that breaks a compiled function,
+    from the code dynamo compiled after it) and repeated recompilations (from its guard
+    failures). Their cost is the compilation time they took."""
+    compiled = getattr(run, "compile", None)
+    if not compiled:
+        return []
+    out = []
+    reasons = compiled.get("graph_breaks") or {}
+    reason = max(reasons, key=reasons.get) if len(reasons) == 1 else None
+    breaks = {}
+    for c in compiled.get("compiles", ()):
+        if c["after_break"]:
+            breaks.setdefault((c["file"], c["line"], c["function"]), []).append(c["seconds"])
+    for (file, line, fn), seconds in breaks.items():
+        code = linecache.getline(file, line).strip()
+        branch = code.startswith(("if ", "elif ", "while ")) or " if " in code
+        title = (f"torch.compile'd `{fn}` breaks its graph at this line: what follows runs as another graph, "
+                 f"with Python in between" + (f" ({reason})" if reason else ""))
+        remedy = ("a branch on a tensor's value cannot stay in the graph: write it with torch.where (both sides "
+                  "computed, one kept) or torch.cond, or move the test out of the compiled function" if branch else
+                  "move what dynamo cannot trace (print, .item(), .tolist(), numpy, unsupported calls) out of the "
+                  "compiled function; torch._dynamo.explain(fn)(*args) names each break, and "
+                  "torch.compile(fullgraph=True) turns them into errors")
+        out.append(Finding("compile", title, len(seconds), sum(seconds), 0, file, line, code, remedy,
+                           details={"what": "graph_break", "function": fn, "reason": reason}))
+    again = {}   # per function: its recompilations (compile ids "frame/attempt" with an attempt past 0)
+    for c in compiled.get("compiles", ()):
+        if c["compile_id"] and not c["compile_id"].endswith("/0"):
+            again.setdefault((c["file"], c["line"], c["function"]), []).append(c["seconds"])
+    for r in compiled.get("recompiles", ()):
+        seconds = again.get((r["file"], r["line"], r["function"]), [])
+        n = len(seconds)
+        if n < _RECOMPILES:
+            continue
+        first = r["reasons"][0].strip().splitlines()[0]
+        shapes = "size mismatch" in first or "stride mismatch" in first
+        which = re.search(r"tensor '([^']+)' size mismatch at index (\d+)", first)
+        mark = f"torch._dynamo.mark_dynamic({which.group(1)}, {which.group(2)})" if which else \
+            "torch._dynamo.mark_dynamic(x, dim)"
+        remedy = (f"the inputs' shapes change from call to call: mark the changing dimension dynamic before the "
+                  f"call ({mark}) or compile with dynamic=True (not dynamic=False), or pad the inputs to a few "
+                  f"fixed sizes" if shapes else
+                  "a guard of the compiled code fails on every new call: keep what it checks (Python numbers passed "
+                  "in, module attributes, requires_grad, dtypes, training mode) the same from call to call, or pass "
+                  "changing numbers as tensors")
+        out.append(Finding("compile", f"torch.compile compiled `{r['function']}` again {n} times: {first}", n,
+                           sum(seconds), 0, r["file"], r["line"], linecache.getline(r["file"], r["line"]).strip(), remedy,
+                           details={"what": "recompile", "function": r["function"], "reasons": r["reasons"][:8]}))
+    return out
+
+
 _RULES = (_fallback_findings, _copy_findings, _sync_findings, _launch_findings, _strided_findings,
-          _float64_findings, _memory_findings, _compare_findings)
+          _float64_findings, _memory_findings, _compare_findings, _compile_findings)
 
 
 def diagnose(run):

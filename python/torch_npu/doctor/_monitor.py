@@ -202,7 +202,7 @@ class Site:
     __slots__ = ("file", "line", "library", "ops", "ns", "direct_ops", "direct_ns", "steps_hit", "last_step",
                  "call_frame", "call_ops", "most_ops_per_call", "parent_frame", "parent_ops",
                  "h2d", "h2d_bytes", "h2d_ns", "h2d_repeats", "h2d_seen", "h2d_steps", "h2d_last_step",
-                 "syncs", "sync_ns", "sync_steps", "sync_last_step", "sync_kinds", "d2h_bytes",
+                 "syncs", "sync_ns", "sync_steps", "sync_last_step", "sync_kinds", "d2h_bytes", "sync_gap_ns",
                  "strided_copies", "strided_bytes", "strided_ns", "strided_writes", "strided_steps",
                  "strided_last_step", "strided_sources", "strided_repeats", "f64_created", "f64_ops", "f64_ns",
                  "fallbacks", "fallback_dtypes", "op_names",
@@ -226,6 +226,9 @@ class Site:
         self.h2d_last_step = -1
         self.h2d_seen = set()
         self.syncs = self.sync_ns = self.sync_steps = self.d2h_bytes = 0
+        # Host time from the end of each wait to the next npu launch: the chip idles through
+        # it on real hardware, having drained its queue for the wait.
+        self.sync_gap_ns = 0
         self.sync_last_step = -1
         self.sync_kinds = collections.Counter()
         self.strided_copies = self.strided_bytes = self.strided_ns = self.strided_writes = 0
@@ -483,6 +486,7 @@ class Monitor(TorchDispatchMode):
         self.on_loop_switch = None                # called when another loop becomes primary_loop (Doctor)
         self._iterations = 0                      # numbers the iterations of all loops
         self._data_events = 0                     # host-to-device copies and host reads so far
+        self._waited_at = None                    # (site, ns) of the last host wait, until the next launch
         # Host tensors made by factory ops on the user's lines: id -> (weak reference, origin).
         self._host_made = {}
         self._host_serial = 0
@@ -536,6 +540,9 @@ class Monitor(TorchDispatchMode):
         if comparing:
             host_args, host_kwargs = self.compare.to_host(args, kwargs)
         start = time.perf_counter_ns()
+        if self._waited_at is not None:   # the first launch after a host wait
+            self._waited_at[0].sync_gap_ns += start - self._waited_at[1]
+            self._waited_at = None
         try:
             out = func(*args, **kwargs)
         finally:
@@ -712,6 +719,7 @@ class Monitor(TorchDispatchMode):
         if caller is not None and on_users_behalf(caller):
             return   # GradScaler.step's own .item() of found_inf
         self._data_events += 1
+        self._waited_at = (site, time.perf_counter_ns())
         site.syncs += 1
         site.sync_ns += ns
         site.sync_kinds[kind] += 1

@@ -165,13 +165,17 @@ class Report:
                  f"peak npu memory {_size(r.peak_allocated)}"]
         if r.compile:
             c = r.compile
-            breaks = sum(c["graph_breaks"].values())
+            breaks = max(sum(c["graph_breaks"].values()), c.get("break_sites", 0))
+            recompiled = sum(1 for x in c.get("compiles", ()) if x["compile_id"] and not x["compile_id"].endswith("/0"))
+            names = sorted({x["function"] for x in c.get("compiles", ())})
             line = (f"  torch.compile: {c['frames']} frame{'s' if c['frames'] != 1 else ''} compiled into "
                     f"{c['graphs']} graph{'s' if c['graphs'] != 1 else ''}, {breaks} graph break"
-                    f"{'s' if breaks != 1 else ''}")
+                    f"{'s' if breaks != 1 else ''}, {recompiled} recompilation{'s' if recompiled != 1 else ''}")
+            if names:
+                line += f"; functions: {', '.join(names[:6])}" + (", ..." if len(names) > 6 else "")
             if c["graph_breaks"]:
                 reason, n = max(c["graph_breaks"].items(), key=lambda kv: kv[1])
-                line += f" (most: {reason[:80]}, {n}x)"
+                line += f" (most frequent break: {reason[:80]}, {n}x)"
             lines.append(line)
         if r.error:
             lines.append(f"  the script stopped with {r.error}")

@@ -78,7 +78,7 @@ class Verdict:
         for dtype in self.refused_dtypes:
             out.append(f"  {dtype}")
         if self.ranked:
-            out.append("  the findings above are ranked by their projected cost there (the 'on ... ' part of each cost)")
+            out.append("  the findings above are ranked by their cost projected there")
         return out
 
     def as_dict(self):
@@ -102,27 +102,31 @@ def _ms(seconds):
     return f"{seconds * 1e3:.2f} ms"
 
 
-def _projected_cost(finding, cost, overlap_s=0.0, iterations=0):
+def _projected_cost(finding, cost, backlog_s=0.0, iterations=0):
     """A finding's cost on the chip, seconds: each launch, copy or sync pays the chip's
     launch overhead; bytes cross the host link or device memory at their speed. A host
-    read also ends the overlap of host and chip: a step with one takes the host's time
-    plus the chip's instead of the larger of the two, so each step it happens in loses
-    ``overlap_s``, the smaller of the two (from the profiled steps; 0 without them)."""
+    read also drains the chip's queue: the chip then idles through the host's time until
+    its next launch (measured here, ``host_gap_s``), where without the wait it would have
+    worked through its backlog (``backlog_s`` per step: the chip's time per step beyond the
+    host's, from the profiled steps; none when the chip keeps up with the host)."""
     launch = cost["launch_us"] * 1e-6
     link = cost["link_gbps"] * 1e9
     memory = cost["memory_gbps"] * 1e9
     n, nbytes = max(finding.count, 0), max(finding.bytes, 0)
-    waits = min(n, iterations) * overlap_s if iterations else 0.0
+    gap = finding.details.get("host_gap_s", 0.0) if finding.kind == "hidden_sync" else 0.0
+    waits = min(gap, min(n, iterations) * backlog_s) if iterations else 0.0
     if finding.kind == "hidden_sync":
         return n * 2 * launch + waits              # the queue drains, then the launches restart
     if finding.kind in ("cpu_fallback", "float64"):
-        return n * 2 * launch + 2 * nbytes / link + waits   # a sync, copies both ways
+        return n * 2 * launch + 2 * nbytes / link           # a sync, copies both ways
     if finding.kind == "host_to_device_copy":
         return n * launch + nbytes / link
     if finding.kind == "launch_bound":
         return n * launch
     if finding.kind == "strided_copy":
         return n * launch + 2 * nbytes / memory
+    if finding.kind == "compile":
+        return finding.seconds                     # compiling is host work, the same there
     return 0.0
 
 
@@ -185,11 +189,11 @@ def rank(run, findings, target):
     if not chip_cost:
         return out
     iterations = run.steps if out.steps else 0
-    overlap_s = min(out.host_ms_per_step, out.device_ms_per_step) / 1e3
+    backlog_s = max(out.device_ms_per_step - out.host_ms_per_step, 0.0) / 1e3
     step_s = max(out.host_ms_per_step, out.device_ms_per_step) / 1e3
     floor, chip_floor = emulated_floor(run), _MINOR_SHARE * step_s * iterations
     for f in findings:
-        f.projected_s = _projected_cost(f, chip_cost, overlap_s, iterations)
+        f.projected_s = _projected_cost(f, chip_cost, backlog_s, iterations)
         if f.kind not in _UNFLOORED and chip_floor > 0:
             f.minor = emulated_cost(f) < floor and f.projected_s < chip_floor
     findings.sort(key=rank_key)
