@@ -2,6 +2,11 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
 #include <cstring>
 #include <iomanip>
 #include <memory>
@@ -29,12 +34,55 @@ constexpr std::size_t kSmallSegment = 2 << 20;    // small pool grows by 2 MiB s
 constexpr std::size_t kLargeSegment = 20 << 20;   // requests under 10 MiB share 20 MiB segments
 constexpr std::size_t kMinLargeAlloc = 10 << 20;
 constexpr std::size_t kLargeRounding = 2 << 20;   // larger requests get their own, rounded
+constexpr std::size_t kLargeBuffer = 20 << 20;    // an oversize request may waste at most this
+constexpr std::size_t kMiB = 1 << 20;
+constexpr std::size_t kGiB = std::size_t(1) << 30;
+constexpr std::size_t kNoLimit = std::numeric_limits<std::size_t>::max();
+constexpr int kRoundupIntervals = 16;             // roundup_power2_divisions: 1 MiB .. 32 GiB and above
 
 std::size_t roundUp(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+bool isPowerOf2(std::size_t n) { return n != 0 && (n & (n - 1)) == 0; }
+int floorLog2(std::size_t n) { return 63 - __builtin_clzll(static_cast<unsigned long long>(n)); }
+
+// PYTORCH_NPU_ALLOC_CONF, read under the allocator's lock.
+struct Settings {
+  std::size_t max_split_size = kNoLimit;
+  double gc_threshold = 0.0;  // 0: off
+  std::array<std::size_t, kRoundupIntervals> divisions{};  // 0 or 1: 512-byte rounding only
+  bool expandable_segments = false;
+  std::size_t large_page = 0;  // page_size:1g rounds large-pool segments to 1 GiB
+  std::string origin;          // where the settings came from
+  std::string text;            // as given
+};
+Settings g_settings;
+
+std::size_t divisionsFor(std::size_t size) {
+  const int log_size = floorLog2(size);
+  const int index = std::clamp(log_size - floorLog2(kMiB), 0, kRoundupIntervals - 1);
+  return g_settings.divisions[static_cast<std::size_t>(index)];
+}
+
+// CUDA's round_size: 512-byte steps, or with roundup_power2_divisions the next of
+// `divisions` equal steps between two powers of two.
+std::size_t roundSize(std::size_t size) {
+  if (size <= kMinBlockSize) return kMinBlockSize;
+  const std::size_t divisions = divisionsFor(size);
+  if (divisions > 1 && size > kMinBlockSize * divisions) {
+    if (isPowerOf2(size)) return size;
+    const std::size_t floor = std::size_t(1) << floorLog2(size);
+    const std::size_t step = floor / divisions;
+    if (step == 0) return floor << 1;
+    const std::size_t rounded = size & ~(step - 1);
+    return rounded == size ? size : rounded + step;
+  }
+  return roundUp(size, kMinBlockSize);
+}
 
 // Statistics are c10's (CachingDeviceAllocator::DeviceStats): torch.npu.memory_stats()
 // and torch.accelerator.memory_stats() read the same numbers.
 using c10::CachingDeviceAllocator::DeviceStats;
+using c10::CachingDeviceAllocator::RecordContext;
+using c10::CachingDeviceAllocator::TraceEntry;
 using c10::CachingAllocator::StatArray;
 constexpr int kAllPools = static_cast<int>(c10::CachingAllocator::StatType::AGGREGATE);
 constexpr int kSmallPool = static_cast<int>(c10::CachingAllocator::StatType::SMALL_POOL);
@@ -66,20 +114,57 @@ DeviceStats freshStats() {
   return stats;
 }
 
+// _record_memory_history's state. The flags are read without the lock (to gather a
+// context before taking it); the trace buffers live in each DeviceCache, under it.
+struct History {
+  std::atomic<bool> record_state{false};
+  std::atomic<bool> record_history{false};
+  std::atomic<int> context{0};  // RecordContext
+  std::atomic<c10::CachingDeviceAllocator::CreateContextFn> gather{nullptr};
+  std::size_t max_entries = 0;
+
+  bool contextFor(RecordContext needed) const {
+    return gather.load() != nullptr && context.load() >= static_cast<int>(needed);
+  }
+  // The context of an allocation: kept with the block (state) and the trace (alloc).
+  std::shared_ptr<c10::GatheredContext> allocContext() const {
+    const bool want = (record_state && contextFor(RecordContext::STATE)) ||
+                      (record_history && contextFor(RecordContext::ALLOC));
+    return want ? gather.load()() : nullptr;
+  }
+  std::shared_ptr<c10::GatheredContext> freeContext() const {
+    return record_history && contextFor(RecordContext::ALL) ? gather.load()() : nullptr;
+  }
+};
+History g_history;
+
+int64_t nowMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+struct PrivatePool;
+
 struct Block {
   char* ptr;
   std::size_t size;
   std::size_t requested = 0;
   int64_t stream;  // the stream whose work may use the block without waiting
   bool small;
+  PrivatePool* pool;  // nullptr: the general pools
   bool allocated = false;
+  bool oversize = false;   // counted in oversize_allocations (at or over max_split_size when allocated)
   int pending_events = 0;  // record_stream uses still running
   uint64_t free_position = 0;  // its stream's launch count when it was freed
+  uint64_t freed_at = 0;       // the allocator's allocation count when it was freed (age, for gc)
   Block* prev = nullptr;   // neighbours inside the same segment
   Block* next = nullptr;
   std::vector<int64_t> stream_uses;
+  std::shared_ptr<c10::GatheredContext> context;  // where it was allocated (when recorded)
 
-  Block(char* p, std::size_t s, int64_t st, bool sm) : ptr(p), size(s), stream(st), small(sm) {}
+  Block(char* p, std::size_t s, int64_t st, bool sm, PrivatePool* pl)
+      : ptr(p), size(s), stream(st), small(sm), pool(pl) {}
   bool isSplit() const { return prev != nullptr || next != nullptr; }
   bool isFree() const { return !allocated && pending_events == 0; }
 };
@@ -91,6 +176,31 @@ struct BlockOrder {
 };
 using Pool = std::set<Block*, BlockOrder>;
 
+struct PrivatePool {
+  explicit PrivatePool(c10::MempoolId_t pool_id) : id(pool_id) {}
+  c10::MempoolId_t id;
+  Pool small;
+  Pool large;
+  int use_count = 0;
+  int segments = 0;
+  std::size_t reserved = 0;
+};
+
+struct SegmentRecord {
+  std::size_t size;
+  int64_t stream;
+  bool small;
+  PrivatePool* pool;
+  std::shared_ptr<c10::GatheredContext> context;
+  bool oversize;  // counted in oversize_segments
+};
+
+std::string formatBytes(int64_t bytes);
+
+std::string poolName(c10::MempoolId_t pool) {
+  return "(" + std::to_string(pool.first) + ", " + std::to_string(pool.second) + ")";
+}
+
 class DeviceCache {
  public:
   explicit DeviceCache(c10::DeviceIndex device) : device_(device), stats_(freshStats()) {}
@@ -98,52 +208,67 @@ class DeviceCache {
   // nullptr when the device is out of memory even after freeing the cache.
   // `for_host`: the memory is written at once by host code holding the
   // stream, so only blocks whose earlier work on the stream completed will do.
-  Block* allocate(std::size_t requested, int64_t stream, bool for_host, std::unique_lock<std::mutex>& lock) {
+  Block* allocate(std::size_t requested, int64_t stream, bool for_host, std::unique_lock<std::mutex>& lock,
+                  std::shared_ptr<c10::GatheredContext> context) {
     processPendingEvents();
-    const std::size_t size = roundUp(std::max(requested, std::size_t(1)), kMinBlockSize);
+    refused_by_fraction_ = false;
+    const std::size_t size = roundSize(std::max(requested, std::size_t(1)));
     const bool small = size <= kSmallSize;
-    Pool& pool = small ? small_ : large_;
+    PrivatePool* private_pool = activePool(stream);
+    Pool& pool = poolFor(private_pool, small);
 
     Block* block = takeBestFit(pool, size, stream, for_host);
     if (block == nullptr) {
-      const std::size_t segment_size =
-          small ? kSmallSegment : (size < kMinLargeAlloc ? kLargeSegment : roundUp(size, kLargeRounding));
-      void* memory = rt().allocate(segment_size);
+      const std::size_t segment_size = segmentSize(size, small);
+      if (g_settings.gc_threshold > 0.0) collectGarbage();
+      void* memory = deviceAllocate(segment_size);
       if (memory == nullptr) {
         // Out of device memory: give the cache back (once its work is done), retry.
         stats_.num_alloc_retries++;
-        releaseCachedSegments(lock);
+        releaseCachedSegments(lock, generalAndFreeablePools());
         block = takeBestFit(pool, size, stream, for_host);
-        if (block == nullptr) memory = rt().allocate(segment_size);
+        if (block == nullptr) memory = deviceAllocate(segment_size);
       }
       if (block == nullptr) {
         if (memory == nullptr) {
           stats_.num_ooms++;
+          std::size_t free_bytes = 0, total_bytes = 0;
+          rt().memoryInfo(&free_bytes, &total_bytes);
+          trace(TraceEntry::OOM, free_bytes, requested, stream, poolId(private_pool), context);
           return nullptr;
         }
-        block = new Block(static_cast<char*>(memory), segment_size, stream, small);
-        stats_.num_device_alloc++;
-        updateStat(stats_.segment, small, 1);
-        updateStat(stats_.reserved_bytes, small, static_cast<int64_t>(segment_size));
+        block = newSegment(static_cast<char*>(memory), segment_size, stream, small, private_pool, context);
       }
     }
     splitIfWorthIt(block, size);
     block->allocated = true;
     block->requested = requested;
+    block->context = g_history.record_state ? context : nullptr;
     updateStat(stats_.allocation, small, 1);
     updateStat(stats_.allocated_bytes, small, static_cast<int64_t>(block->size));
     updateStat(stats_.requested_bytes, small, static_cast<int64_t>(requested));
     updateStat(stats_.active, small, 1);
     updateStat(stats_.active_bytes, small, static_cast<int64_t>(block->size));
+    block->oversize = block->size >= g_settings.max_split_size;
+    if (block->oversize) stats_.oversize_allocations.increase(1);
+    allocations_++;
+    trace(TraceEntry::ALLOC, reinterpret_cast<std::size_t>(block->ptr), block->size, stream,
+          poolId(block->pool), std::move(context));
     return block;
   }
 
-  void free(Block* block) {
+  void free(Block* block, std::shared_ptr<c10::GatheredContext> context) {
     block->allocated = false;
     block->free_position = runtimeStream(block->stream).position();
+    block->freed_at = allocations_;
+    block->context = nullptr;
     updateStat(stats_.allocation, block->small, -1);
     updateStat(stats_.allocated_bytes, block->small, -static_cast<int64_t>(block->size));
     updateStat(stats_.requested_bytes, block->small, -static_cast<int64_t>(block->requested));
+    if (block->oversize) stats_.oversize_allocations.decrease(1);
+    block->oversize = false;
+    trace(TraceEntry::FREE_REQUESTED, reinterpret_cast<std::size_t>(block->ptr), block->size, block->stream,
+          poolId(block->pool), context);
     if (block->stream_uses.empty()) {
       returnToPool(block);
       return;
@@ -158,12 +283,31 @@ class DeviceCache {
     block->stream_uses.clear();
   }
 
-  // Gives every whole cached segment back to the device, once the work that
-  // used it has completed. Unlocks `lock` while it waits for the streams.
-  void releaseCachedSegments(std::unique_lock<std::mutex>& lock) {
+  // The general pools and those of released private pools: what emptyCache() and
+  // the retry after a failed device allocation give back.
+  std::vector<Pool*> generalAndFreeablePools() {
+    std::vector<Pool*> pools{&small_, &large_};
+    for (auto& [id, pool] : private_pools_) {
+      if (pool->use_count == 0) {
+        pools.push_back(&pool->small);
+        pools.push_back(&pool->large);
+      }
+    }
+    return pools;
+  }
+
+  std::vector<Pool*> poolsOf(c10::MempoolId_t id) {
+    auto it = private_pools_.find(id);
+    if (it == private_pools_.end()) return {};
+    return {&it->second->small, &it->second->large};
+  }
+
+  // Gives every whole cached segment of `pools` back to the device, once the work
+  // that used it has completed. Unlocks `lock` while it waits for the streams.
+  void releaseCachedSegments(std::unique_lock<std::mutex>& lock, const std::vector<Pool*>& pools) {
     processPendingEvents();
     std::vector<Block*> segments;
-    for (Pool* pool : {&small_, &large_}) {
+    for (Pool* pool : pools) {
       for (auto it = pool->begin(); it != pool->end();) {
         if ((*it)->isSplit()) {
           ++it;  // part of a segment still in use
@@ -182,13 +326,10 @@ class DeviceCache {
         insertIntoPool(block);  // queued behind a hold of this thread: still in use
         continue;
       }
-      rt().free(block->ptr);
-      stats_.num_device_free++;
-      updateStat(stats_.segment, block->small, -1);
-      updateStat(stats_.reserved_bytes, block->small, -static_cast<int64_t>(block->size));
-      delete block;
+      freeSegment(block);
     }
     processPendingEvents();
+    erasePoolsWithoutUse();
   }
 
   void recordStream(Block* block, int64_t stream) {
@@ -196,6 +337,124 @@ class DeviceCache {
     auto& uses = block->stream_uses;
     if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
   }
+
+  // ---- private pools ----
+  PrivatePool& retain(c10::MempoolId_t id) {
+    TORCH_CHECK(id != c10::MempoolId_t(0, 0), "npu memory pool: (0, 0) is the general pool's id, not a private ",
+                "pool's; make one with torch.npu.MemPool() or torch.npu.graph_pool_handle()");
+    auto& pool = private_pools_[id];
+    if (pool == nullptr) pool = std::make_unique<PrivatePool>(id);
+    pool->use_count++;
+    return *pool;
+  }
+
+  void beginAllocateToPool(c10::MempoolId_t id, std::function<bool(int64_t)> filter) {
+    retain(id);
+    active_pools_.insert(active_pools_.begin(), {id, std::move(filter)});
+  }
+
+  void endAllocateToPool(c10::MempoolId_t id) {
+    auto it = std::find_if(active_pools_.begin(), active_pools_.end(),
+                           [&](const auto& entry) { return entry.first == id; });
+    TORCH_CHECK(it != active_pools_.end(), "npu endAllocateToPool: memory pool ", poolName(id),
+                " is not being allocated to on npu:", static_cast<int>(device_),
+                "; end only what beginAllocateToPool (use_mem_pool, a graph capture) began on this device");
+    active_pools_.erase(it);
+  }
+
+  // Returns the pool's pools to empty when its use count reached 0, else nothing.
+  std::vector<Pool*> release(c10::MempoolId_t id) {
+    auto it = private_pools_.find(id);
+    TORCH_CHECK(it != private_pools_.end() && it->second->use_count > 0, "npu releasePool: memory pool ",
+                poolName(id), " is not in use on npu:", static_cast<int>(device_),
+                " (released more often than retained, or made on another device)");
+    PrivatePool& pool = *it->second;
+    if (--pool.use_count > 0) return {};
+    return {&pool.small, &pool.large};
+  }
+
+  PrivatePool* findPool(c10::MempoolId_t id) {
+    auto it = private_pools_.find(id);
+    return it == private_pools_.end() ? nullptr : it->second.get();
+  }
+
+  // ---- snapshots ----
+  void setTraceLimit(std::size_t max_entries, bool clear) {
+    if (clear) {
+      trace_.clear();
+      trace_next_ = 0;
+    }
+    // oldest first again, then the oldest dropped beyond the new limit
+    std::rotate(trace_.begin(), trace_.begin() + static_cast<std::ptrdiff_t>(trace_next_), trace_.end());
+    trace_next_ = 0;
+    if (trace_.size() > max_entries) {
+      trace_.erase(trace_.begin(), trace_.end() - static_cast<std::ptrdiff_t>(max_entries));
+    }
+  }
+
+  std::vector<TraceEntry> traceInOrder() const {
+    std::vector<TraceEntry> out;
+    out.reserve(trace_.size());
+    for (std::size_t i = 0; i < trace_.size(); ++i) out.push_back(trace_[(trace_next_ + i) % trace_.size()]);
+    return out;
+  }
+
+  void recordSnapshotTaken() { trace(TraceEntry::SNAPSHOT, 0, 0, 0, {0, 0}, nullptr); }
+
+  // Segments (all, or those of `only`), with their blocks in address order.
+  void segments(const std::vector<Block*>& allocated, c10::MempoolId_t only,
+                std::vector<c10::CachingDeviceAllocator::SegmentInfo>& out) {
+    std::unordered_map<char*, Block*> blocks;
+    for (Block* block : allocated) blocks[block->ptr] = block;
+    for (Pool* pool : allPools()) {
+      for (Block* block : *pool) blocks[block->ptr] = block;
+    }
+    for (auto& [event, block] : pending_) blocks[block->ptr] = block;
+    for (auto& [base, record] : segments_) {
+      const c10::MempoolId_t id = poolId(record.pool);
+      if (only != c10::MempoolId_t(0, 0) && id != only) continue;
+      c10::CachingDeviceAllocator::SegmentInfo info;
+      info.device = device_;
+      info.address = reinterpret_cast<std::size_t>(base);
+      info.total_size = record.size;
+      info.stream = reinterpret_cast<void*>(static_cast<intptr_t>(record.stream));
+      info.is_large = !record.small;
+      info.owner_private_pool_id = id;
+      info.context_when_allocated = record.context;
+      auto it = blocks.find(base);
+      std::size_t covered = 0;
+      for (Block* block = it == blocks.end() ? nullptr : it->second; block != nullptr; block = block->next) {
+        c10::CachingDeviceAllocator::BlockInfo b;
+        b.size = block->size;
+        b.requested_size = block->allocated ? block->requested : 0;
+        b.allocated = block->allocated;
+        b.active = block->allocated || block->pending_events > 0;
+        b.gc_counter = static_cast<int32_t>(allocations_ - block->freed_at);
+        b.context_when_allocated = block->allocated ? block->context : nullptr;
+        if (b.allocated) info.allocated_size += b.size;
+        if (b.active) info.active_size += b.size;
+        info.requested_size += b.requested_size;
+        covered += b.size;
+        info.blocks.push_back(std::move(b));
+      }
+      if (covered < record.size) {  // being given back by another thread right now
+        c10::CachingDeviceAllocator::BlockInfo rest;
+        rest.size = record.size - covered;
+        info.blocks.push_back(std::move(rest));
+      }
+      out.push_back(std::move(info));
+    }
+  }
+
+  void setFraction(double fraction) {
+    std::size_t free_bytes = 0, total_bytes = 0;
+    rt().memoryInfo(&free_bytes, &total_bytes);
+    fraction_ = fraction;
+    allowed_ = static_cast<std::size_t>(fraction * static_cast<double>(total_bytes));
+  }
+  double fraction() const { return fraction_; }
+  std::size_t allowed() const { return allowed_; }
+  bool refusedByFraction() const { return refused_by_fraction_; }
 
   DeviceStats& stats() { return stats_; }
   c10::DeviceIndex device() const { return device_; }
@@ -210,10 +469,145 @@ class DeviceCache {
     return *stream;
   }
 
+  static c10::MempoolId_t poolId(const PrivatePool* pool) { return pool ? pool->id : c10::MempoolId_t(0, 0); }
+
+  PrivatePool* activePool(int64_t stream) {
+    for (auto& [id, filter] : active_pools_) {
+      if (filter && filter(stream)) return private_pools_.at(id).get();
+    }
+    return nullptr;
+  }
+
+  Pool& poolFor(PrivatePool* pool, bool small) {
+    if (pool != nullptr) return small ? pool->small : pool->large;
+    return small ? small_ : large_;
+  }
+
+  std::vector<Pool*> allPools() {
+    std::vector<Pool*> pools{&small_, &large_};
+    for (auto& [id, pool] : private_pools_) {
+      pools.push_back(&pool->small);
+      pools.push_back(&pool->large);
+    }
+    return pools;
+  }
+
+  std::size_t segmentSize(std::size_t size, bool small) const {
+    if (small) return kSmallSegment;
+    if (g_settings.large_page != 0) return roundUp(size, g_settings.large_page);
+    return size < kMinLargeAlloc ? kLargeSegment : roundUp(size, kLargeRounding);
+  }
+
+  // The device's memory, within the per-process fraction; nullptr when refused.
+  void* deviceAllocate(std::size_t size) {
+    const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
+    if (allowed_ != kNoLimit && reserved + size > allowed_) {
+      refused_by_fraction_ = true;
+      return nullptr;
+    }
+    return rt().allocate(size);
+  }
+
+  Block* newSegment(char* memory, std::size_t size, int64_t stream, bool small, PrivatePool* pool,
+                    const std::shared_ptr<c10::GatheredContext>& context) {
+    auto* block = new Block(memory, size, stream, small, pool);
+    stats_.num_device_alloc++;
+    updateStat(stats_.segment, small, 1);
+    updateStat(stats_.reserved_bytes, small, static_cast<int64_t>(size));
+    const bool oversize = size >= g_settings.max_split_size;
+    if (oversize) stats_.oversize_segments.increase(1);
+    if (pool != nullptr) {
+      pool->segments++;
+      pool->reserved += size;
+    }
+    segments_.emplace(memory,
+                      SegmentRecord{size, stream, small, pool, g_history.record_state ? context : nullptr, oversize});
+    trace(TraceEntry::SEGMENT_ALLOC, reinterpret_cast<std::size_t>(memory), size, stream, poolId(pool), context);
+    return block;
+  }
+
+  // A whole, free segment (out of its pool) goes back to the device.
+  void freeSegment(Block* block) {
+    rt().free(block->ptr);
+    stats_.num_device_free++;
+    updateStat(stats_.segment, block->small, -1);
+    updateStat(stats_.reserved_bytes, block->small, -static_cast<int64_t>(block->size));
+    auto record = segments_.find(block->ptr);
+    if (record != segments_.end() && record->second.oversize) stats_.oversize_segments.decrease(1);
+    if (block->pool != nullptr) {
+      block->pool->segments--;
+      block->pool->reserved -= block->size;
+    }
+    segments_.erase(block->ptr);
+    trace(TraceEntry::SEGMENT_FREE, reinterpret_cast<std::size_t>(block->ptr), block->size, block->stream,
+          poolId(block->pool), nullptr);
+    delete block;
+  }
+
+  // A released pool without segments is forgotten.
+  void erasePoolsWithoutUse() {
+    for (auto it = private_pools_.begin(); it != private_pools_.end();) {
+      const bool active = std::any_of(active_pools_.begin(), active_pools_.end(),
+                                      [&](const auto& entry) { return entry.first == it->first; });
+      if (it->second->use_count == 0 && it->second->segments == 0 && !active) it = private_pools_.erase(it);
+      else ++it;
+    }
+  }
+
+  // garbage_collection_threshold (CUDA's garbage_collect_cached_blocks): when the
+  // reserved memory passes the fraction of what this process may use, whole cached
+  // large segments of the general pool whose work completed are freed, the longest
+  // unused first, until it is below.
+  void collectGarbage() {
+    std::size_t free_bytes = 0, total_bytes = 0;
+    rt().memoryInfo(&free_bytes, &total_bytes);
+    const std::size_t limit = allowed_ != kNoLimit ? allowed_ : total_bytes;
+    const auto threshold = static_cast<std::size_t>(g_settings.gc_threshold * static_cast<double>(limit));
+    auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
+    if (reserved <= threshold) return;
+    std::vector<Block*> candidates;
+    for (Block* block : large_) {
+      if (!block->isSplit() && runtimeStream(block->stream).passed(block->free_position)) {
+        candidates.push_back(block);
+      }
+    }
+    std::sort(candidates.begin(), candidates.end(),
+              [](const Block* a, const Block* b) { return a->freed_at < b->freed_at; });
+    for (Block* block : candidates) {
+      if (reserved <= threshold) break;
+      reserved -= block->size;
+      large_.erase(block);
+      freeSegment(block);
+    }
+  }
+
+  void trace(TraceEntry::Action action, std::size_t addr, std::size_t size, int64_t stream, c10::MempoolId_t pool,
+             std::shared_ptr<c10::GatheredContext> context) {
+    if (!g_history.record_history) return;
+    TraceEntry entry(action, device_, addr, size, reinterpret_cast<void*>(static_cast<intptr_t>(stream)), pool, 0,
+                     std::move(context));
+    entry.time_.t_ = static_cast<time_t>(nowMicros());
+    const std::size_t limit = g_history.max_entries;
+    if (limit == 0) return;
+    if (trace_.size() < limit) {
+      trace_.push_back(std::move(entry));
+    } else {
+      trace_[trace_next_] = std::move(entry);
+      trace_next_ = (trace_next_ + 1) % limit;
+    }
+  }
+
   Block* takeBestFit(Pool& pool, std::size_t size, int64_t stream, bool for_host) {
-    Block key(nullptr, size, stream, false);
+    Block key(nullptr, size, stream, false, nullptr);
+    const std::size_t max_split = g_settings.max_split_size;
     for (auto it = pool.lower_bound(&key); it != pool.end() && (*it)->stream == stream; ++it) {
       Block* block = *it;
+      // max_split_size_mb (CUDA's rules): blocks at or over it are not split, so a
+      // smaller request does not take one, and a larger one wastes at most 20 MiB.
+      if (max_split != kNoLimit) {
+        if (size < max_split && block->size >= max_split) break;
+        if (size >= max_split && block->size >= size + kLargeBuffer) break;
+      }
       if (for_host && !runtimeStream(stream).passed(block->free_position)) continue;
       removeFromPool(block);
       return block;
@@ -223,10 +617,12 @@ class DeviceCache {
 
   void splitIfWorthIt(Block* block, std::size_t size) {
     const std::size_t remaining = block->size - size;
-    const bool worth = block->small ? remaining >= kMinBlockSize : remaining > kSmallSize;
+    const bool worth = block->small ? remaining >= kMinBlockSize
+                                    : size < g_settings.max_split_size && remaining > kSmallSize;
     if (!worth) return;
-    auto* rest = new Block(block->ptr + size, remaining, block->stream, block->small);
+    auto* rest = new Block(block->ptr + size, remaining, block->stream, block->small, block->pool);
     rest->free_position = block->free_position;  // its memory's last use is the whole block's
+    rest->freed_at = block->freed_at;
     rest->prev = block;
     rest->next = block->next;
     if (block->next != nullptr) block->next->prev = rest;
@@ -235,7 +631,7 @@ class DeviceCache {
     insertIntoPool(rest);
   }
 
-  Pool& poolOf(Block* block) { return block->small ? small_ : large_; }
+  Pool& poolOf(Block* block) { return poolFor(block->pool, block->small); }
 
   void insertIntoPool(Block* block) {
     poolOf(block).insert(block);
@@ -254,6 +650,8 @@ class DeviceCache {
   }
 
   void returnToPool(Block* block) {
+    trace(TraceEntry::FREE_COMPLETED, reinterpret_cast<std::size_t>(block->ptr), block->size, block->stream,
+          poolId(block->pool), nullptr);
     updateStat(stats_.active, block->small, -1);
     updateStat(stats_.active_bytes, block->small, -static_cast<int64_t>(block->size));
     mergeNeighbour(block, block->prev);
@@ -274,6 +672,7 @@ class DeviceCache {
     }
     block->size += neighbour->size;
     block->free_position = std::max(block->free_position, neighbour->free_position);
+    block->freed_at = std::max(block->freed_at, neighbour->freed_at);
     delete neighbour;
   }
 
@@ -295,6 +694,16 @@ class DeviceCache {
   DeviceStats stats_;
   std::vector<std::pair<std::unique_ptr<runtime::Event>, Block*>> pending_;
   std::vector<runtime::Stream*> streams_;  // by stream id, looked up once
+  std::map<c10::MempoolId_t, std::unique_ptr<PrivatePool>> private_pools_;
+  // (pool, stream filter) of beginAllocateToPool, latest first
+  std::vector<std::pair<c10::MempoolId_t, std::function<bool(int64_t)>>> active_pools_;
+  std::map<char*, SegmentRecord> segments_;  // by base address
+  std::vector<TraceEntry> trace_;            // a ring of g_history.max_entries
+  std::size_t trace_next_ = 0;
+  uint64_t allocations_ = 0;
+  double fraction_ = 1.0;
+  std::size_t allowed_ = kNoLimit;
+  bool refused_by_fraction_ = false;
 };
 
 // "allocated_bytes.all.current", "num_ooms", ...: the keys torch.cuda.memory_stats()
@@ -318,7 +727,8 @@ std::map<std::string, int64_t> flatten(DeviceStats& stats) {
   out["num_device_alloc"] = stats.num_device_alloc;
   out["num_device_free"] = stats.num_device_free;
   out["num_sync_all_streams"] = stats.num_sync_all_streams;
-  out["max_split_size"] = stats.max_split_size;
+  out["max_split_size"] =
+      g_settings.max_split_size == kNoLimit ? stats.max_split_size : static_cast<int64_t>(g_settings.max_split_size);
   return out;
 }
 
@@ -344,23 +754,34 @@ class NPUCachingAllocator final : public c10::DeviceAllocator {
     const int64_t stream = currentStream(device).id();
     runtimeDevice(device);  // the runtime is in use from here on (see inBadFork)
     const bool for_host = holdingStream(device, stream);
+    auto context = g_history.allocContext();  // Python's stack: gathered before the lock
     std::unique_lock<std::mutex> lock(mutex_);
     auto& cache = deviceCache(device);
-    Block* block = cache.allocate(n, stream, for_host, lock);
+    Block* block = cache.allocate(n, stream, for_host, lock, std::move(context));
     if (block == nullptr) {
       const std::string summary = summaryLocked(device);
       std::size_t free_bytes = 0, total_bytes = 0;
       runtime::hal().device(device).memoryInfo(&free_bytes, &total_bytes);
       const auto& stats = cache.stats();
+      const auto reserved = stats.reserved_bytes[kAllPools].current;
+      const auto allocated = stats.allocated_bytes[kAllPools].current;
+      std::ostringstream limit;
+      if (cache.refusedByFraction()) {
+        limit << " This process may use " << formatBytes(static_cast<int64_t>(cache.allowed())) << " of it ("
+              << cache.fraction() << " of the device, set by torch.npu.set_per_process_memory_fraction), "
+              << "and the request would pass that: raise the fraction or use less memory.";
+      }
+      const auto observers = oom_observers_;
       lock.unlock();
+      for (const auto& observer : observers) {
+        observer(device, n, static_cast<std::size_t>(reserved), free_bytes);
+      }
       TORCH_CHECK_WITH(OutOfMemoryError, false, "NPU out of memory on npu:", static_cast<int>(device),
                        ". Tried to allocate ", formatBytes(static_cast<int64_t>(n)), "; the device has ",
                        formatBytes(static_cast<int64_t>(total_bytes)), " in all, ",
-                       formatBytes(static_cast<int64_t>(free_bytes)), " free, ",
-                       formatBytes(stats.allocated_bytes[kAllPools].current), " allocated by tensors and ",
-                       formatBytes(stats.reserved_bytes[kAllPools].current -
-                                   stats.allocated_bytes[kAllPools].current),
-                       " cached. Free tensors you no longer need (del x), call torch.npu.empty_cache(), "
+                       formatBytes(static_cast<int64_t>(free_bytes)), " free, ", formatBytes(allocated),
+                       " allocated by tensors and ", formatBytes(reserved - allocated), " cached.", limit.str(),
+                       " Free tensors you no longer need (del x), call torch.npu.empty_cache(), "
                        "use smaller batches, or give the emulator more memory with NPU_EMU_MEMORY.\n",
                        summary);
     }
@@ -378,13 +799,14 @@ class NPUCachingAllocator final : public c10::DeviceAllocator {
 
   void free(void* ptr) {
     if (inBadFork()) return;  // a forked child: the parent's memory is not ours to reuse
+    auto context = g_history.freeContext();
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = allocated_.find(ptr);
     TORCH_INTERNAL_ASSERT(it != allocated_.end(), "npu allocator: free of an unknown pointer");
     auto [block, device] = it->second;
     allocated_.erase(it);
     const auto size = static_cast<int64_t>(block->size);
-    deviceCache(device).free(block);
+    deviceCache(device).free(block, std::move(context));
     reportToProfiler(ptr, -size, device);
   }
 
@@ -402,8 +824,120 @@ class NPUCachingAllocator final : public c10::DeviceAllocator {
   void releaseCachedMemory() {
     for (c10::DeviceIndex d = 0; d < deviceCount(); ++d) {
       std::unique_lock<std::mutex> lock(mutex_);
-      deviceCache(d).releaseCachedSegments(lock);
+      auto& cache = deviceCache(d);
+      cache.releaseCachedSegments(lock, cache.generalAndFreeablePools());
     }
+  }
+
+  // emptyCache(pool): that pool's free segments, on every device.
+  void releasePoolMemory(c10::MempoolId_t pool) {
+    for (c10::DeviceIndex d = 0; d < deviceCount(); ++d) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      auto& cache = deviceCache(d);
+      auto pools = cache.poolsOf(pool);
+      if (!pools.empty()) cache.releaseCachedSegments(lock, pools);
+    }
+  }
+
+  // ---- private pools ----
+  void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t pool, std::function<bool(int64_t)> filter) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    deviceCache(device).beginAllocateToPool(pool, std::move(filter));
+  }
+  void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t pool) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    deviceCache(device).endAllocateToPool(pool);
+  }
+  void retainPool(c10::DeviceIndex device, c10::MempoolId_t pool) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    deviceCache(device).retain(pool);
+  }
+  void releasePool(c10::DeviceIndex device, c10::MempoolId_t pool) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    auto& cache = deviceCache(device);
+    auto pools = cache.release(pool);
+    if (!pools.empty()) cache.releaseCachedSegments(lock, pools);
+  }
+  std::size_t poolReserved(c10::DeviceIndex device, c10::MempoolId_t pool) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto* p = deviceCache(device).findPool(pool);
+    return p == nullptr ? 0 : p->reserved;
+  }
+  int poolUseCount(c10::DeviceIndex device, c10::MempoolId_t pool) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto* p = deviceCache(device).findPool(pool);
+    return p == nullptr ? 0 : p->use_count;
+  }
+
+  // ---- raw allocations ----
+  void* rawAlloc(std::size_t size) {
+    c10::DataPtr data = allocate(size);
+    void* ptr = data.get();
+    if (ptr == nullptr) return nullptr;
+    std::lock_guard<std::mutex> lock(mutex_);
+    raw_.emplace(ptr, std::move(data));
+    return ptr;
+  }
+  void rawDelete(void* ptr) {
+    c10::DataPtr data;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = raw_.find(ptr);
+      TORCH_CHECK(it != raw_.end(), "caching_allocator_delete: ", ptr, " was not allocated by ",
+                  "torch.npu.caching_allocator_alloc (or was already deleted)");
+      data = std::move(it->second);
+      raw_.erase(it);
+    }
+  }  // freed here, outside the lock
+
+  // ---- fraction, settings, history ----
+  void setFraction(double fraction, c10::DeviceIndex device) {
+    TORCH_CHECK_VALUE(fraction >= 0.0 && fraction <= 1.0, "set_per_process_memory_fraction: ", fraction,
+                      " is not a fraction of the device's memory; give a number in [0, 1]");
+    runtimeDevice(device);
+    std::lock_guard<std::mutex> lock(mutex_);
+    deviceCache(device).setFraction(fraction);
+  }
+  double fraction(c10::DeviceIndex device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return deviceCache(device).fraction();
+  }
+  std::mutex& mutex() { return mutex_; }
+
+  void recordHistory(const allocator::HistoryOptions& options) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    g_history.record_state = options.record_state;
+    g_history.record_history = options.record_history;
+    g_history.context = static_cast<int>(options.context);
+    g_history.gather = options.gather;
+    // Stopping keeps the history recorded so far (for a snapshot taken later).
+    if (options.record_history) g_history.max_entries = options.max_entries;
+    for (c10::DeviceIndex d = 0; d < deviceCount(); ++d) {
+      deviceCache(d).setTraceLimit(g_history.max_entries, options.clear_history);
+    }
+  }
+
+  allocator::Snapshot takeSnapshot(c10::MempoolId_t pool, bool include_traces) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    allocator::Snapshot out;
+    std::vector<std::vector<Block*>> allocated(static_cast<std::size_t>(deviceCount()));
+    for (auto& [ptr, entry] : allocated_) allocated[static_cast<std::size_t>(entry.second)].push_back(entry.first);
+    for (c10::DeviceIndex d = 0; d < deviceCount(); ++d) {
+      auto& cache = deviceCache(d);
+      cache.segments(allocated[static_cast<std::size_t>(d)], pool, out.segments);
+      if (include_traces) {
+        cache.recordSnapshotTaken();
+        out.device_traces.push_back(cache.traceInOrder());
+      } else {
+        out.device_traces.emplace_back();
+      }
+    }
+    return out;
+  }
+
+  void attachObserver(allocator::OutOfMemoryObserver observer) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    oom_observers_.push_back(std::move(observer));
   }
 
   std::map<std::string, int64_t> stats(c10::DeviceIndex device) {
@@ -441,9 +975,8 @@ class NPUCachingAllocator final : public c10::DeviceAllocator {
   // c10::DeviceAllocator: what torch.accelerator's memory functions call.
   bool initialized() override { return runtimeInitialized(); }
   void emptyCache(c10::MempoolId_t pool) override {
-    TORCH_CHECK(pool == c10::MempoolId_t(0, 0), "npu empty_cache: memory pools are not supported yet (got pool id (",
-                pool.first, ", ", pool.second, ")); call it without a pool");
-    releaseCachedMemory();
+    if (pool == c10::MempoolId_t(0, 0)) releaseCachedMemory();
+    else releasePoolMemory(pool);
   }
   DeviceStats getDeviceStats(c10::DeviceIndex device) override { return deviceStats(resolveDevice(device)); }
   void resetAccumulatedStats(c10::DeviceIndex device) override { resetAccumulated(resolveDevice(device)); }
@@ -549,6 +1082,8 @@ class NPUCachingAllocator final : public c10::DeviceAllocator {
   std::mutex mutex_;
   std::vector<std::unique_ptr<DeviceCache>> devices_;
   std::unordered_map<void*, std::pair<Block*, c10::DeviceIndex>> allocated_;
+  std::unordered_map<void*, c10::DataPtr> raw_;  // caching_allocator_alloc's
+  std::vector<allocator::OutOfMemoryObserver> oom_observers_;
 };
 
 // Never destroyed: tensors may be freed during static destruction at exit.
@@ -575,6 +1110,121 @@ void resizeStorageBytes(c10::StorageImpl* storage, std::size_t new_bytes) {
   storage->set_nbytes(new_bytes);
 }
 
+namespace {
+
+std::string trim(const std::string& text) {
+  const auto first = text.find_first_not_of(" \t\n");
+  if (first == std::string::npos) return "";
+  const auto last = text.find_last_not_of(" \t\n");
+  return text.substr(first, last - first + 1);
+}
+
+// "a:1,b:[2:3,>:4]" -> {("a", "1"), ("b", "[2:3,>:4]")}
+std::vector<std::pair<std::string, std::string>> splitSettings(const std::string& config, const std::string& origin) {
+  std::vector<std::string> items;
+  std::string current;
+  int depth = 0;
+  for (char c : config) {
+    if (c == '[') depth++;
+    if (c == ']') depth--;
+    if (c == ',' && depth == 0) {
+      items.push_back(current);
+      current.clear();
+    } else {
+      current += c;
+    }
+  }
+  items.push_back(current);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& raw : items) {
+    const std::string item = trim(raw);
+    if (item.empty()) continue;
+    const auto colon = item.find(':');
+    TORCH_CHECK_VALUE(colon != std::string::npos, origin, ": '", item, "' is not a key:value setting; write ",
+                      "for example max_split_size_mb:128,garbage_collection_threshold:0.6");
+    out.emplace_back(trim(item.substr(0, colon)), trim(item.substr(colon + 1)));
+  }
+  return out;
+}
+
+double parseNumber(const std::string& origin, const std::string& key, const std::string& value, const char* expected) {
+  std::size_t used = 0;
+  double number = 0;
+  try {
+    number = std::stod(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  TORCH_CHECK_VALUE(used == value.size() && !value.empty() && std::isfinite(number), origin, ": ", key, ":", value,
+                    " is not valid; ", key, " takes ", expected);
+  return number;
+}
+
+std::size_t parseCount(const std::string& origin, const std::string& key, const std::string& value,
+                       const char* expected) {
+  const double number = parseNumber(origin, key, value, expected);
+  TORCH_CHECK_VALUE(number >= 0 && number == std::floor(number), origin, ": ", key, ":", value, " is not valid; ",
+                    key, " takes ", expected);
+  return static_cast<std::size_t>(number);
+}
+
+bool parseBool(const std::string& origin, const std::string& key, const std::string& value) {
+  if (value == "True" || value == "true" || value == "1") return true;
+  if (value == "False" || value == "false" || value == "0") return false;
+  TORCH_CHECK_VALUE(false, origin, ": ", key, ":", value, " is not valid; ", key, " takes True or False");
+  return false;
+}
+
+std::array<std::size_t, kRoundupIntervals> parseDivisions(const std::string& origin, const std::string& value) {
+  const char* expected = "a power of two (or 0), or a list such as [256:1,512:2,1024:4,>:8] (sizes in MiB, "
+                         "each a power of two, with the divisions of the sizes below it; '>' for the rest)";
+  auto checkDivision = [&](const std::string& v) {
+    const std::size_t d = parseCount(origin, "roundup_power2_divisions", v, expected);
+    TORCH_CHECK_VALUE(d == 0 || isPowerOf2(d), origin, ": roundup_power2_divisions: ", v,
+                      " divisions is not valid; the divisions must be a power of two (or 0 for none)");
+    return d;
+  };
+  std::array<std::size_t, kRoundupIntervals> divisions{};
+  if (value.empty() || value.front() != '[') {
+    divisions.fill(checkDivision(value));
+    return divisions;
+  }
+  TORCH_CHECK_VALUE(value.back() == ']', origin, ": roundup_power2_divisions:", value, " is not valid; it takes ",
+                    expected);
+  std::size_t next = 0;  // the first interval not yet given
+  bool rest_given = false;
+  for (const auto& [size_text, division_text] :
+       splitSettings(value.substr(1, value.size() - 2), origin + " (roundup_power2_divisions)")) {
+    const std::size_t d = checkDivision(division_text);
+    TORCH_CHECK_VALUE(!rest_given, origin, ": roundup_power2_divisions: '>' must be the last entry");
+    if (size_text == ">") {
+      for (std::size_t i = next; i < divisions.size(); ++i) divisions[i] = d;
+      next = divisions.size();
+      rest_given = true;
+      continue;
+    }
+    const std::size_t mib = parseCount(origin, "roundup_power2_divisions", size_text, expected);
+    TORCH_CHECK_VALUE(isPowerOf2(mib), origin, ": roundup_power2_divisions: the size ", size_text,
+                      " MiB is not a power of two");
+    const auto end = std::min<std::size_t>(static_cast<std::size_t>(floorLog2(mib)), divisions.size());
+    TORCH_CHECK_VALUE(end >= next && (end > next || next == 0), origin,
+                      ": roundup_power2_divisions: the sizes must grow from one entry to the next");
+    for (std::size_t i = next; i < end; ++i) divisions[i] = d;
+    next = end;
+  }
+  return divisions;
+}
+
+std::string settingsVariable() {
+  for (const char* name : {"PYTORCH_NPU_ALLOC_CONF", "PYTORCH_ALLOC_CONF"}) {
+    const char* value = std::getenv(name);
+    if (value != nullptr && *value != '\0') return name;
+  }
+  return "";
+}
+
+}  // namespace
+
 namespace allocator {
 void emptyCache() { g_allocator->releaseCachedMemory(); }
 std::map<std::string, int64_t> memoryStats(c10::DeviceIndex device) {
@@ -586,6 +1236,138 @@ std::string memorySummary(c10::DeviceIndex device) { return g_allocator->summary
 void recordStream(const c10::DataPtr& ptr, c10::Stream stream) { g_allocator->recordStream(ptr, stream); }
 c10::DeviceIndex deviceOf(const void* ptr) { return g_allocator->deviceOf(ptr); }
 std::size_t blockSize(const void* ptr) { return g_allocator->blockSize(ptr); }
+
+c10::MempoolId_t newPoolId(bool user_created) {
+  static std::atomic<c10::CaptureId_t> graph_ids{1};
+  static std::atomic<c10::CaptureId_t> user_ids{1};
+  if (user_created) return {0, user_ids++};
+  return {graph_ids++, 0};
+}
+void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t pool, std::function<bool(int64_t)> filter) {
+  g_allocator->beginAllocateToPool(resolveDevice(device), pool, std::move(filter));
+}
+void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t pool) {
+  g_allocator->endAllocateToPool(resolveDevice(device), pool);
+}
+void retainPool(c10::DeviceIndex device, c10::MempoolId_t pool) {
+  g_allocator->retainPool(resolveDevice(device), pool);
+}
+void releasePool(c10::DeviceIndex device, c10::MempoolId_t pool) {
+  g_allocator->releasePool(resolveDevice(device), pool);
+}
+std::size_t poolReservedBytes(c10::DeviceIndex device, c10::MempoolId_t pool) {
+  return g_allocator->poolReserved(resolveDevice(device), pool);
+}
+int poolUseCount(c10::DeviceIndex device, c10::MempoolId_t pool) {
+  return g_allocator->poolUseCount(resolveDevice(device), pool);
+}
+void emptyCache(c10::MempoolId_t pool) { g_allocator->emptyCache(pool); }
+
+void* rawAlloc(std::size_t size) { return g_allocator->rawAlloc(size); }
+void rawDelete(void* ptr) { g_allocator->rawDelete(ptr); }
+
+void setMemoryFraction(double fraction, c10::DeviceIndex device) {
+  g_allocator->setFraction(fraction, resolveDevice(device));
+}
+double getMemoryFraction(c10::DeviceIndex device) { return g_allocator->fraction(resolveDevice(device)); }
+
+std::vector<std::string> setAllocatorSettings(const std::string& config, const std::string& origin) {
+  Settings next;
+  {
+    std::lock_guard<std::mutex> lock(g_allocator->mutex());
+    next = g_settings;
+  }
+  std::vector<std::string> notes;
+  std::size_t segment_size_mb = 0;
+  bool base_addr_given = false;
+  for (const auto& [key, value] : splitSettings(config, origin)) {
+    if (key == "max_split_size_mb") {
+      const std::size_t mb = parseCount(origin, key, value, "a whole number of MiB over 20");
+      TORCH_CHECK_VALUE(mb > kLargeBuffer / kMiB, origin, ": max_split_size_mb:", value,
+                        " is too small; it must be more than ", kLargeBuffer / kMiB, " (MiB)");
+      next.max_split_size = mb * kMiB;
+    } else if (key == "garbage_collection_threshold") {
+      const double t = parseNumber(origin, key, value, "a fraction between 0 and 1, such as 0.6");
+      TORCH_CHECK_VALUE(t > 0.0 && t < 1.0, origin, ": garbage_collection_threshold:", value,
+                        " is out of range; it takes a fraction between 0 and 1 (exclusive), such as 0.6");
+      next.gc_threshold = t;
+    } else if (key == "roundup_power2_divisions") {
+      next.divisions = parseDivisions(origin, value);
+    } else if (key == "expandable_segments") {
+      next.expandable_segments = parseBool(origin, key, value);
+      if (next.expandable_segments) {
+        notes.push_back(origin + ": expandable_segments:True is accepted but not implemented on the emulated npu "
+                        "(its HAL cannot grow a segment in place): segments are allocated as with False");
+      }
+    } else if (key == "page_size") {
+      TORCH_CHECK_VALUE(value == "1g" || value == "1G", origin, ": page_size:", value,
+                        " is not valid; page_size takes 1g (1 GiB pages for the large pool)");
+      next.large_page = kGiB;
+    } else if (key == "segment_size_mb") {
+      segment_size_mb = parseCount(origin, key, value, "a whole number of MiB from 20 to 512");
+      TORCH_CHECK_VALUE(segment_size_mb >= 20 && segment_size_mb <= 512, origin, ": segment_size_mb:", value,
+                        " is out of range; it takes 20 to 512 (MiB)");
+    } else if (key == "base_addr_aligned_kb") {
+      const std::size_t kb = parseCount(origin, key, value, "a whole number of KiB from 0 to 16");
+      TORCH_CHECK_VALUE(kb <= 16, origin, ": base_addr_aligned_kb:", value, " is out of range; it takes 0 to 16");
+      base_addr_given = true;
+    } else if (key == "pinned_use_background_threads" || key == "pin_memory_expandable_segments" ||
+               key == "pinned_mem_register") {
+      if (parseBool(origin, key, value)) {
+        notes.push_back(origin + ": " + key + ":True is accepted but has no effect: the npu's pinned host " +
+                        "allocator has no such mode");
+      }
+    } else {
+      TORCH_CHECK_VALUE(false, origin, ": unknown setting '", key, "'. The npu allocator takes max_split_size_mb, ",
+                        "garbage_collection_threshold, roundup_power2_divisions, expandable_segments, page_size, ",
+                        "segment_size_mb, base_addr_aligned_kb, pinned_use_background_threads, ",
+                        "pin_memory_expandable_segments and pinned_mem_register");
+    }
+  }
+  if (segment_size_mb != 0 || base_addr_given) {
+    notes.push_back(origin + ": segment_size_mb and base_addr_aligned_kb apply to expandable segments, which the " +
+                    "emulated npu does not implement: they have no effect");
+  }
+  next.origin = origin;
+  next.text = config;
+  std::lock_guard<std::mutex> lock(g_allocator->mutex());
+  g_settings = next;
+  return notes;
+}
+
+std::vector<std::string> loadAllocatorSettingsFromEnv() {
+  static std::once_flag once;
+  std::vector<std::string> notes;
+  std::call_once(once, [&] {
+    const std::string name = settingsVariable();
+    if (!name.empty()) notes = setAllocatorSettings(std::getenv(name.c_str()), name);
+  });
+  return notes;
+}
+
+std::map<std::string, std::string> allocatorSettings() {
+  std::lock_guard<std::mutex> lock(g_allocator->mutex());
+  std::ostringstream divisions;
+  divisions << "[";
+  for (std::size_t i = 0; i < g_settings.divisions.size(); ++i) {
+    divisions << (i ? "," : "") << g_settings.divisions[i];
+  }
+  divisions << "]";
+  std::ostringstream gc;
+  gc << g_settings.gc_threshold;
+  return {{"PYTORCH_NPU_ALLOC_CONF", g_settings.text},
+          {"origin", g_settings.origin},
+          {"max_split_size",
+           g_settings.max_split_size == kNoLimit ? "-1" : std::to_string(g_settings.max_split_size)},
+          {"garbage_collection_threshold", gc.str()},
+          {"expandable_segments", g_settings.expandable_segments ? "True" : "False"},
+          {"roundup_power2_divisions", divisions.str()},
+          {"page_size", g_settings.large_page == 0 ? "" : "1g"}};
+}
+
+void recordHistory(const HistoryOptions& options) { g_allocator->recordHistory(options); }
+Snapshot snapshot(c10::MempoolId_t pool, bool include_traces) { return g_allocator->takeSnapshot(pool, include_traces); }
+void attachOutOfMemoryObserver(OutOfMemoryObserver observer) { g_allocator->attachObserver(std::move(observer)); }
 }  // namespace allocator
 
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, g_allocator);

@@ -4,6 +4,7 @@
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/extension.h>
 
 #include <chrono>
@@ -28,6 +29,13 @@
 namespace npu {
 void registerHooks();  // core/hooks.cpp
 }
+
+// torch/csrc/profiler/python/combined_traceback.h declares these (exported by
+// libtorch_python), but includes nlohmann/json.hpp, which the wheel does not ship.
+namespace torch {
+TORCH_API std::vector<pybind11::object> py_symbolize(std::vector<CapturedTraceback*>& to_symbolize);
+TORCH_PYTHON_API void freeDeadCapturedTracebackFrames();
+}  // namespace torch
 
 
 namespace {
@@ -201,6 +209,167 @@ void bindMemory(py::module_& m) {
         [](int64_t d) { npu::allocator::resetAccumulatedStats(npu::toDeviceIndex(d)); });
   m.def("_memory_summary", [](int64_t d) { return npu::allocator::memorySummary(npu::toDeviceIndex(d)); });
   m.def("_empty_cache", [] { npu::allocator::emptyCache(); }, py::call_guard<py::gil_scoped_release>());
+
+  // Private memory pools (torch.npu.MemPool, use_mem_pool).
+  using PoolId = c10::MempoolId_t;
+  auto poolTuple = [](PoolId id) { return py::make_tuple(id.first, id.second); };
+  m.def("_new_pool_id", [poolTuple](bool user_created) { return poolTuple(npu::allocator::newPoolId(user_created)); });
+  m.def("_begin_allocate_current_thread_to_pool", [](int64_t d, uint64_t a, uint64_t b) {
+    npu::allocator::beginAllocateToPool(npu::toDeviceIndex(d), PoolId(a, b),
+                                        [tid = std::this_thread::get_id()](int64_t) {
+                                          return std::this_thread::get_id() == tid;
+                                        });
+  });
+  // What a graph capture on `stream` does: that stream's allocations (on any thread) go to the pool.
+  m.def("_begin_allocate_stream_to_pool", [](int64_t d, uint64_t a, uint64_t b, int64_t stream) {
+    npu::allocator::beginAllocateToPool(npu::toDeviceIndex(d), PoolId(a, b),
+                                        [stream](int64_t id) { return id == stream; });
+  });
+  m.def("_end_allocate_to_pool", [](int64_t d, uint64_t a, uint64_t b) {
+    npu::allocator::endAllocateToPool(npu::toDeviceIndex(d), PoolId(a, b));
+  });
+  m.def("_retain_pool", [](int64_t d, uint64_t a, uint64_t b) {
+    npu::allocator::retainPool(npu::toDeviceIndex(d), PoolId(a, b));
+  });
+  m.def("_release_pool", [](int64_t d, uint64_t a, uint64_t b) {
+    npu::allocator::releasePool(npu::toDeviceIndex(d), PoolId(a, b));
+  }, py::call_guard<py::gil_scoped_release>());
+  m.def("_pool_use_count", [](int64_t d, uint64_t a, uint64_t b) {
+    return npu::allocator::poolUseCount(npu::toDeviceIndex(d), PoolId(a, b));
+  });
+  m.def("_pool_reserved_bytes", [](int64_t d, uint64_t a, uint64_t b) {
+    return npu::allocator::poolReservedBytes(npu::toDeviceIndex(d), PoolId(a, b));
+  });
+  m.def("_empty_cache_pool", [](uint64_t a, uint64_t b) { npu::allocator::emptyCache(PoolId(a, b)); },
+        py::call_guard<py::gil_scoped_release>());
+
+  // caching_allocator_alloc/delete: on the current device and stream.
+  m.def("_caching_allocator_alloc", [](std::size_t size) {
+    return reinterpret_cast<uintptr_t>(npu::allocator::rawAlloc(size));
+  });
+  m.def("_caching_allocator_delete", [](uintptr_t ptr) { npu::allocator::rawDelete(reinterpret_cast<void*>(ptr)); });
+
+  m.def("_set_memory_fraction", [](double fraction, int64_t d) {
+    npu::allocator::setMemoryFraction(fraction, npu::toDeviceIndex(d));
+  });
+  m.def("_get_memory_fraction", [](int64_t d) { return npu::allocator::getMemoryFraction(npu::toDeviceIndex(d)); });
+
+  m.def("_set_allocator_settings", &npu::allocator::setAllocatorSettings);
+  m.def("_load_allocator_settings", &npu::allocator::loadAllocatorSettingsFromEnv);
+  m.def("_allocator_settings", &npu::allocator::allocatorSettings);
+
+  // _record_memory_history: Python's stacks (and C++'s with cpp_stacks), gathered
+  // and symbolized by PyTorch's CapturedTraceback as torch.cuda's are.
+  m.def("_record_memory_history", [](bool record_state, bool record_history, int context, bool cpp_stacks,
+                                     std::size_t max_entries, bool clear_history) {
+    npu::allocator::HistoryOptions options;
+    options.record_state = record_state;
+    options.record_history = record_history;
+    options.context = static_cast<c10::CachingDeviceAllocator::RecordContext>(context);
+    options.max_entries = max_entries;
+    options.clear_history = clear_history;
+    options.gather = cpp_stacks ? +[]() -> std::shared_ptr<c10::GatheredContext> {
+      return torch::CapturedTraceback::gather(true, true, true);
+    } : +[]() -> std::shared_ptr<c10::GatheredContext> {
+      return torch::CapturedTraceback::gather(true, true, false);
+    };
+    if (context == 0) options.gather = nullptr;
+    npu::allocator::recordHistory(options);
+  });
+
+  // torch.cuda.memory._snapshot()'s structure, which torch.cuda._memory_viz renders.
+  m.def("_memory_snapshot", [poolTuple](uint64_t a, uint64_t b, bool include_traces) {
+    npu::allocator::Snapshot snapshot;
+    {
+      py::gil_scoped_release release;
+      snapshot = npu::allocator::snapshot(PoolId(a, b), include_traces);
+    }
+    std::vector<std::pair<py::dict, torch::CapturedTraceback*>> to_symbolize;
+    auto frames = [&](py::dict& entry, const std::shared_ptr<c10::GatheredContext>& context) {
+      entry["frames"] = py::list();
+      if (auto* traceback = dynamic_cast<torch::CapturedTraceback*>(context.get())) {
+        to_symbolize.emplace_back(entry, traceback);
+      }
+    };
+    auto streamId = [](void* stream) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(stream)); };
+    py::list segments;
+    for (const auto& segment : snapshot.segments) {
+      py::dict s;
+      s["device"] = static_cast<int>(segment.device);
+      s["address"] = segment.address;
+      s["total_size"] = segment.total_size;
+      s["allocated_size"] = segment.allocated_size;
+      s["active_size"] = segment.active_size;
+      s["requested_size"] = segment.requested_size;
+      s["stream"] = streamId(segment.stream);
+      s["segment_type"] = segment.is_large ? "large" : "small";
+      s["segment_pool_id"] = poolTuple(segment.owner_private_pool_id);
+      s["is_expandable"] = segment.is_expandable;
+      frames(s, segment.context_when_allocated);
+      py::list blocks;
+      std::size_t address = segment.address;
+      for (const auto& block : segment.blocks) {
+        py::dict b;
+        b["address"] = address;
+        b["size"] = block.size;
+        b["requested_size"] = block.requested_size;
+        b["state"] = block.allocated ? "active_allocated" : block.active ? "active_awaiting_free" : "inactive";
+        frames(b, block.context_when_allocated);
+        blocks.append(b);
+        address += block.size;
+      }
+      s["blocks"] = blocks;
+      segments.append(s);
+    }
+    static const char* actions[] = {"alloc",        "free_requested", "free_completed", "segment_alloc", "segment_free",
+                                    "segment_map",  "segment_unmap",  "snapshot",       "oom"};
+    py::list device_traces;
+    for (const auto& entries : snapshot.device_traces) {
+      py::list trace;
+      for (const auto& entry : entries) {
+        py::dict e;
+        e["action"] = actions[entry.action_];
+        if (entry.action_ == c10::CachingDeviceAllocator::TraceEntry::OOM) e["device_free"] = entry.addr_;
+        else e["addr"] = entry.addr_;
+        e["size"] = entry.size_;
+        e["stream"] = streamId(entry.stream_);
+        e["time_us"] = static_cast<int64_t>(entry.time_.t_);
+        e["pool_id"] = poolTuple(entry.mempool_);
+        e["compile_context"] = entry.compile_context_;
+        e["user_metadata"] = entry.user_metadata_;
+        frames(e, entry.context_);
+        trace.append(e);
+      }
+      device_traces.append(trace);
+    }
+    std::vector<torch::CapturedTraceback*> tracebacks;
+    for (auto& [entry, traceback] : to_symbolize) tracebacks.push_back(traceback);
+    auto symbolized = torch::py_symbolize(tracebacks);
+    for (std::size_t i = 0; i < to_symbolize.size(); ++i) to_symbolize[i].first["frames"] = symbolized[i];
+    torch::freeDeadCapturedTracebackFrames();
+    py::dict settings;
+    for (const auto& [key, value] : npu::allocator::allocatorSettings()) settings[py::str(key)] = value;
+    py::dict out;
+    out["segments"] = segments;
+    out["device_traces"] = device_traces;
+    out["allocator_settings"] = settings;
+    out["external_annotations"] = py::list();
+    return out;
+  });
+
+  // Called before an out-of-memory error is raised (OOM_SNAPSHOT_ENABLE's dump).
+  m.def("_attach_out_of_memory_observer", [](py::function observer) {
+    auto held = std::make_shared<py::object>(std::move(observer));
+    npu::allocator::attachOutOfMemoryObserver(
+        [held](int64_t device, std::size_t requested, std::size_t reserved, std::size_t device_free) {
+          py::gil_scoped_acquire gil;
+          try {
+            (*held)(device, requested, reserved, device_free);
+          } catch (py::error_already_set& error) {
+            error.discard_as_unraisable("torch.npu out-of-memory observer");
+          }
+        });
+  });
 }
 
 void bindRandom(py::module_& m) {

@@ -27,17 +27,30 @@ from ._device import (
     _sleep,
     _launch_failing_kernel,
 )
+from . import memory  # noqa: E402  (torch.npu.memory, as torch.cuda.memory)
 from .memory import (
+    MemPool,
+    caching_allocator_alloc,
+    caching_allocator_delete,
     empty_cache,
+    get_allocator_backend,
+    get_per_process_memory_fraction,
     max_memory_allocated,
+    max_memory_cached,
     max_memory_reserved,
     memory_allocated,
+    memory_cached,
     memory_reserved,
+    memory_snapshot,
     memory_stats,
+    memory_stats_as_nested_dict,
     memory_summary,
     reset_accumulated_memory_stats,
     reset_max_memory_allocated,
+    reset_max_memory_cached,
     reset_peak_memory_stats,
+    set_per_process_memory_fraction,
+    use_mem_pool,
 )
 from .random import (
     default_generators,
@@ -53,6 +66,8 @@ from .random import (
 )
 from .streams import Event, Stream, StreamContext, current_stream, default_stream, set_stream, stream
 from . import amp  # noqa: E402
+
+OutOfMemoryError = torch.OutOfMemoryError  # what the npu allocator raises, as torch.cuda.OutOfMemoryError
 
 
 class _AmpDtypes(list):
@@ -83,7 +98,10 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 __all__ = [
-    "Event", "Stream", "StreamContext", "amp", "current_device", "current_stream", "default_generators",
+    "Event", "MemPool", "OutOfMemoryError", "Stream", "StreamContext", "amp", "caching_allocator_alloc",
+    "caching_allocator_delete", "get_allocator_backend", "get_per_process_memory_fraction", "max_memory_cached",
+    "memory_cached", "memory_snapshot", "memory_stats_as_nested_dict", "reset_max_memory_cached",
+    "set_per_process_memory_fraction", "use_mem_pool", "current_device", "current_stream", "default_generators",
     "default_stream", "device", "device_count", "device_of", "empty_cache", "get_amp_supported_dtype",
     "get_device_capability", "get_device_name", "get_device_properties", "get_profile", "get_rng_state",
     "get_rng_state_all", "get_soc_version", "init", "initial_seed", "is_available", "is_bf16_supported",
