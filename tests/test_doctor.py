@@ -654,6 +654,7 @@ def test_memory_growth_names_the_line_that_keeps_the_tensors():
         [f] = [f for f in d.findings if f.kind == "memory_growth"]
         assert f.line == _line_of(fn, text) and f.details["holder"]["name"] == name, (f.line, f.title)
         assert f"`{name}` keeps tensors with their autograd graphs" in f.title and "detach" in f.remedy
+        assert "_record_memory_history()" in f.remedy and "_dump_snapshot(" in f.remedy
 
 
 @pytest.mark.host_timing   # the floor: a share of the npu op time
@@ -712,6 +713,25 @@ def test_findings_are_ranked_by_their_projected_cost_on_the_target():
     assert "projected on Ascend910B2" in str(d.report())
     with pytest.raises(ValueError, match="no chip"):
         Doctor(target="generic")
+
+
+def test_float16_overflow_is_named_for_a_chip_that_saturates():
+    x = torch.full((8,), 300.0, device="npu", dtype=torch.float16)
+
+    def loop():
+        for _ in range(6):
+            x * x                       # 90000: past float16's range, inf here
+            (x + 1) * 0.5               # in range
+
+    with Doctor(target="ascend910a", profile=False) as d:     # 910A saturates to +-65504
+        loop()
+    line = _line_of(loop, "x * x")
+    assert d.run.verdict.overflow_sites == [(__file__, line, 6)]
+    assert any("overflowed to inf in 6 op calls" in t and "saturates" in t for t in d.run.verdict.refused_dtypes)
+    assert d.report().as_dict()["target"]["float16_overflows"] == [{"file": __file__, "line": line, "calls": 6}]
+    with Doctor(target="ascend910b2", profile=False) as d:    # gives inf as here: nothing to count
+        loop()
+    assert not d.monitor.watch_overflow and d.run.verdict.overflow_sites == []
 
 
 def test_graph_breaks_and_recompilations_are_findings():

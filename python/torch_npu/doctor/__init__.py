@@ -102,7 +102,8 @@ class Doctor:
         self._stats_before = _fallback.NPUFallbackMode.get_fallback_stats()
         self._compile_before = _compiled.snapshot()
         self._comparator = Comparator() if self.compare else None
-        self.monitor = _monitor.Monitor(self._comparator)
+        self.monitor = _monitor.Monitor(self._comparator, watch_overflow=self.target is not None
+                                        and not _profiles_load(self.target).inf_nan)
         # What marks the iterations: "loop" (found), "optimizer", "manual" (step()), "line" (steps_at).
         self.clock = "line" if self.steps_at is not None else "loop"
         self.monitor.on_loop_step = self._loop_step
@@ -315,6 +316,11 @@ class Doctor:
                     "per_op_projected_us": projected}
         except Exception as e:  # noqa: BLE001  a profiler problem must not cost the report
             return {"error": f"{type(e).__name__}: {e}"}
+
+
+def _profiles_load(name):
+    from .. import _profiles
+    return _profiles.load(name)
 
 
 def _check_target(name):

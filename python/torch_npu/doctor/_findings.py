@@ -548,8 +548,21 @@ def _compile_findings(run):
     return out
 
 
+_SNAPSHOT_HINT = ("; to see every live block and the stack that allocated it, record the allocator's history "
+                  "(torch.npu.memory._record_memory_history() before the loop, "
+                  "torch.npu.memory._dump_snapshot('npu_memory.pickle') after it) and open the file at "
+                  "https://pytorch.org/memory_viz")
+
+
+def _memory_findings_with_snapshot(run):
+    found = _memory_findings(run)
+    for f in found:
+        f.remedy += _SNAPSHOT_HINT
+    return found
+
+
 _RULES = (_fallback_findings, _copy_findings, _sync_findings, _launch_findings, _strided_findings,
-          _float64_findings, _memory_findings, _compare_findings, _compile_findings)
+          _float64_findings, _memory_findings_with_snapshot, _compare_findings, _compile_findings)
 
 
 def diagnose(run):

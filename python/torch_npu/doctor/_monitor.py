@@ -208,7 +208,7 @@ class Site:
                  "fallbacks", "fallback_dtypes", "op_names",
                  "kept_steps", "kept_bytes", "kept_graph", "holder", "loop", "loop_hits", "sync_forms", "sync_at",
                  "h2d_mark", "h2d_fresh", "h2d_fresh_ns", "h2d_fresh_bytes", "h2d_fresh_steps", "h2d_fresh_last_step",
-                 "h2d_origins", "callers", "f16_ops", "bf16_ops")
+                 "h2d_origins", "callers", "f16_ops", "bf16_ops", "f16_overflows")
 
     def __init__(self, file, line):
         self.file, self.line = file, line
@@ -237,6 +237,8 @@ class Site:
         self.strided_sources = {}   # id(base tensor) -> (weak reference, the view and version copied)
         self.f64_created = self.f64_ops = self.f64_ns = 0
         self.f16_ops = self.bf16_ops = 0         # ops on float16 / bfloat16 npu tensors (the target chip's verdict)
+        # float16 results holding an inf, counted on the npu (read once at the end; Monitor.watch_overflow)
+        self.f16_overflows = None
         self.fallbacks = collections.Counter()   # (op, reason) -> count
         self.fallback_dtypes = {}                # op -> dtypes of the npu inputs that fell back
         self.op_names = collections.Counter()
@@ -457,8 +459,11 @@ class Monitor(TorchDispatchMode):
         # while dynamo and inductor compile and on while the compiled code runs.
         return True
 
-    def __init__(self, compare=None):
+    def __init__(self, compare=None, watch_overflow=False):
         super().__init__()
+        # Count float16 results that overflowed to inf, per line (for a target chip that
+        # saturates instead): a reduction per float16 op, kept on the npu, no wait.
+        self.watch_overflow = watch_overflow
         self.sites = {}
         self.op_calls = collections.Counter()     # op -> calls on the npu
         self.op_ns = collections.Counter()        # op -> host ns
@@ -560,6 +565,8 @@ class Monitor(TorchDispatchMode):
         if low is not None:
             if low == torch.float16:
                 site.f16_ops += 1
+                if self.watch_overflow:
+                    self._count_overflow(site, out)
             else:
                 site.bf16_ops += 1
         if site.last_step != self.step:
@@ -589,6 +596,13 @@ class Monitor(TorchDispatchMode):
                 site.loop = self._ctx.loop
         self._classify(func, name, args, kwargs, out, site, ns, direct, f64_in, caller, frame)
         return out
+
+    @staticmethod
+    def _count_overflow(site, out):
+        for o in (out if isinstance(out, (list, tuple)) else (out,)):
+            if isinstance(o, torch.Tensor) and o.dtype == torch.float16 and o.device.type == "npu" and o.numel():
+                hit = torch.isinf(o).any().to(torch.int32)   # (the mode is off in here: not counted as the user's)
+                site.f16_overflows = hit if site.f16_overflows is None else site.f16_overflows.add_(hit)
 
     def _site_unknown(self):
         key = ("<unknown>", 0)

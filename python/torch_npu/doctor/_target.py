@@ -46,6 +46,7 @@ class Verdict:
     host_ms_per_step: float = 0.0
     bound: Optional[str] = None      # "host" or "device" on the target
     ranked: List[RankedFinding] = field(default_factory=list)
+    overflow_sites: List[Tuple[str, int, int]] = field(default_factory=list)   # float16 results that were inf
 
     @property
     def remedy(self):
@@ -87,6 +88,7 @@ class Verdict:
                                "sites": [{"file": p, "line": n, "calls": c} for p, n, c in f.sites]}
                               for f in self.fallbacks],
                 "refused_dtypes": list(self.refused_dtypes), "steps": self.steps,
+                "float16_overflows": [{"file": p, "line": n, "calls": c} for p, n, c in self.overflow_sites],
                 "kernels_per_step": self.kernels_per_step, "device_ms_per_step": self.device_ms_per_step,
                 "launch_ms_per_step": self.launch_ms_per_step, "host_ms_per_step": self.host_ms_per_step,
                 "bound": self.bound,
@@ -161,10 +163,22 @@ def verdict(run, target):
                 f"ops used it, first at {_short(s.file)}:{s.line}; use float16 (autocast dtype=torch.float16)")
     f16 = [s for s in run.sites if getattr(s, "f16_ops", 0)]
     if not chip.inf_nan and f16:
-        s = max(f16, key=lambda s: s.f16_ops)
-        out.refused_dtypes.append(f"float16 overflow saturates to +-65504 there instead of giving inf "
-                                  f"({sum(x.f16_ops for x in f16)} float16 ops, first at {_short(s.file)}:{s.line}); "
-                                  f"GradScaler still sees it through the chip's overflow flag")
+        overflowed = sorted(((s, int(s.f16_overflows.item())) for s in f16 if s.f16_overflows is not None),
+                            key=lambda sn: -sn[1])
+        overflowed = [(s, n) for s, n in overflowed if n]
+        out.overflow_sites = [(s.file, s.line, n) for s, n in overflowed]
+        if overflowed:
+            where = ", ".join(f"{_short(s.file)}:{s.line} ({n})" for s, n in overflowed[:3])
+            out.refused_dtypes.append(
+                f"float16 results overflowed to inf in {sum(n for _, n in overflowed)} op calls of this run, at "
+                f"{where}; {chip.device_name} saturates them to +-65504 instead, so what is inf here is a wrong "
+                f"finite number there: scale the values down (GradScaler for gradients, a smaller init or a "
+                f"clamp for activations) or compute that part in float32")
+        else:
+            s = max(f16, key=lambda s: s.f16_ops)
+            out.refused_dtypes.append(
+                f"float16 overflow saturates to +-65504 there instead of giving inf; no float16 result of this run "
+                f"overflowed ({sum(x.f16_ops for x in f16)} float16 ops, first at {_short(s.file)}:{s.line})")
     # The profiled steps, projected onto the target.
     analysis = (run.profile or {}).get("analysis")
     projected = getattr(analysis, "projected_device_us", None)
