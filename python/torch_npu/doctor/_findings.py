@@ -550,8 +550,9 @@ def _compile_findings(run):
 
 _SNAPSHOT_HINT = ("; to see every live block and the stack that allocated it, record the allocator's history "
                   "(torch.npu.memory._record_memory_history() before the loop, "
-                  "torch.npu.memory._dump_snapshot('npu_memory.pickle') after it) and open the file at "
-                  "https://pytorch.org/memory_viz")
+                  "torch.npu.memory._dump_snapshot('npu_memory.pickle') after it) and render it with "
+                  "`python -m torch.cuda._memory_viz trace_plot npu_memory.pickle -o memory.html` "
+                  "(or drop it on pytorch.org/memory_viz)")
 
 
 def _memory_findings_with_snapshot(run):
