@@ -89,7 +89,8 @@ DEVICE_METHODS = {
 CUDA_METHODS = {"Tensor": {"cuda": C_METHOD}, "Module": {"cuda": "(self, device=None)"}}
 # Device-generic classes whose constructors take a device.
 DEVICE_CLASSES = {"Generator": "class (metaclass OpaqueBaseMeta)", "Stream": CLASS, "Event": CLASS}
-# torch.cuda's names that torch.npu provides, by kind: torch.cuda.<name> is torch.npu.<name>.
+# torch.cuda's names that torch.npu provides, by kind: torch.cuda.<name> is torch.npu.<name>
+# (torch.npu's own name where it differs: NPU_NAMES).
 CUDA_NAMES = {
     "devices": {
         "current_device": "()", "device_count": "()", "get_device_capability": "(device=None)",
@@ -107,6 +108,16 @@ CUDA_NAMES = {
         "memory_allocated": "(device=None)", "memory_reserved": "(device=None)", "memory_stats": "(device=None)",
         "memory_summary": "(device=None, abbreviated=False)", "reset_accumulated_memory_stats": "(device=None)",
         "reset_max_memory_allocated": "(device=None)", "reset_peak_memory_stats": "(device=None)",
+        "MemPool": CLASS, "OutOfMemoryError": CLASS, "caching_allocator_alloc": "(size, device=None, stream=None)",
+        "caching_allocator_delete": "(mem_ptr)", "get_allocator_backend": "()",
+        "get_per_process_memory_fraction": "(device=None)", "max_memory_cached": "(device=None)",
+        "memory_cached": "(device=None)", "memory_snapshot": "(mempool_id=None, include_traces=True)",
+        "memory_stats_as_nested_dict": "(device=None)", "reset_max_memory_cached": "(device=None)",
+        "set_per_process_memory_fraction": "(fraction, device=None)", "use_mem_pool": "(pool, device=None)",
+    },
+    "graphs": {
+        "CUDAGraph": CLASS, "graph": CLASS, "graph_pool_handle": "()", "is_current_stream_capturing": "()",
+        "make_graphed_callables": "(callables, sample_args, num_warmup_iters=3, allow_unused_input=False, pool=None)",
     },
     "random": {
         "default_generators": "tuple", "get_rng_state": "(device='cuda')", "get_rng_state_all": "()",
@@ -114,6 +125,7 @@ CUDA_NAMES = {
         "set_rng_state": "(new_state, device='cuda')", "set_rng_state_all": "(new_states)",
     },
 }
+NPU_NAMES = {"CUDAGraph": "NPUGraph"}
 # torch.cuda.amp's names that torch.npu.amp provides.
 CUDA_AMP_NAMES = {"autocast": CLASS, "GradScaler": CLASS, "custom_fwd": "(fwd=None, *, cast_inputs=None)",
                   "custom_bwd": "(bwd)"}
@@ -302,7 +314,7 @@ def _redirect_torch_cuda():
     reason = "a script written for CUDA calls torch.cuda for its device: torch.npu's answers are the npu's"
     for names in CUDA_NAMES.values():
         for name, expects in names.items():
-            npu_value = getattr(torch.npu, name)
+            npu_value = getattr(torch.npu, NPU_NAMES.get(name, name))
             if isinstance(npu_value, types.FunctionType):
                 _wrap(torch.cuda, name,
                       lambda cuda_function, npu_function=npu_value:
