@@ -4,6 +4,7 @@
 #include <c10/core/DeviceGuard.h>
 
 #include "device.h"
+#include "graph.h"
 #include "host_allocator.h"
 #include "launch.h"
 #include "profile.h"
@@ -28,6 +29,7 @@ void waitForDevice(c10::DeviceIndex device, const char* where) {
 // threads queue after it, and raises an earlier kernel's error.
 void copyAndWait(c10::DeviceIndex device, void* dst, const void* src, std::size_t n, runtime::CopyKind kind,
                  const char* where) {
+  graph::checkNotCapturing(device, where);
   auto& stream = currentRuntimeStream(device);
   auto done = runtimeDevice(device).createEvent(false);
   translateRuntimeErrors(where, [&] {
@@ -74,6 +76,11 @@ void copyHostToDevice(at::Tensor& dst, const at::Tensor& src, bool non_blocking)
   c10::DeviceGuard guard(dst.device());
   auto& stream = currentRuntimeStream(device);
   if (non_blocking && isPinned(src.const_data_ptr()) && isPlainCopy(dst, src)) {
+    // Captured: a replay copies from the same pinned memory (the caller keeps it, as on CUDA).
+    if (graph::recordCopy(device, dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src),
+                          runtime::CopyKind::HostToDevice)) {
+      return;
+    }
     // Stream-ordered: the pinned block is kept alive until the copy ran.
     stream.copy(dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src), runtime::CopyKind::HostToDevice);
     recordPinnedUse(src.const_data_ptr(), stream);
@@ -95,6 +102,10 @@ void copyDeviceToHost(at::Tensor& dst, const at::Tensor& src, bool non_blocking)
   const auto device = src.device().index();
   c10::DeviceGuard guard(src.device());
   if (non_blocking && isPinned(dst.const_data_ptr()) && isPlainCopy(dst, src)) {
+    if (graph::recordCopy(device, dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src),
+                          runtime::CopyKind::DeviceToHost)) {
+      return;
+    }
     auto& stream = currentRuntimeStream(device);
     stream.copy(dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src), runtime::CopyKind::DeviceToHost);
     recordPinnedUse(dst.const_data_ptr(), stream);

@@ -1,5 +1,7 @@
 #include "device.h"
 
+#include "graph.h"
+
 #include <c10/util/Exception.h>
 #include <pthread.h>
 
@@ -109,6 +111,7 @@ void checkTimingEvents(c10::DeviceIndex index, const char* what) {
 }
 
 void synchronizeDevice(c10::DeviceIndex index) {
+  graph::checkNotCapturing(resolveDevice(index), "torch.npu.synchronize()");
   auto& device = runtimeDevice(resolveDevice(index));
   translateRuntimeErrors("torch.npu.synchronize()", [&] { device.synchronize(); });
 }

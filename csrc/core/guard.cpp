@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include "allocator.h"
+#include "graph.h"
 #include "device.h"
 #include "stream.h"
 
@@ -92,6 +93,7 @@ struct NPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   bool queryEvent(void* event) const override { return event == nullptr || asEvent(event).query(); }
   void synchronizeEvent(void* event) const override {
     if (event == nullptr) return;
+    graph::checkNotCapturing(static_cast<c10::DeviceIndex>(asEvent(event).device()), "Event.synchronize()");
     translateRuntimeErrors("Event.synchronize()", [&] { asEvent(event).synchronize(); });
   }
   double elapsedTime(void* start, void* end, c10::DeviceIndex /*device*/) const override {

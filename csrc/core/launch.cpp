@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "device.h"
+#include "graph.h"
 #include "stream.h"
 
 namespace npu {
@@ -29,6 +30,7 @@ at::Tensor cpuAlias(const at::Tensor& t, c10::Allocator* resize_allocator) {
 }
 
 void launch(c10::DeviceIndex device, const char* name, runtime::Kernel kernel, std::size_t bytes) {
+  if (C10_UNLIKELY(graph::recordKernel(device, name, kernel, bytes))) return;  // captured, not run
   auto& stream = currentRuntimeStream(device);
   // While a profiler with npu activities runs, the kernel carries the
   // launcher's debug info: what it allocates or frees on a stream worker is
@@ -58,6 +60,7 @@ void launch(c10::DeviceIndex device, const char* name, runtime::Kernel kernel, s
 }
 
 bool runIfIdle(c10::DeviceIndex device, const char* name, runtime::KernelRef kernel, std::size_t bytes) {
+  if (C10_UNLIKELY(graph::currentStreamCapturing(device))) return false;   // launch() records it
   auto& stream = currentRuntimeStream(device);
   auto below_autograd = [&kernel] {
     at::AutoDispatchBelowADInplaceOrView guard;

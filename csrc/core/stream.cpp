@@ -7,6 +7,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "graph.h"
+
 namespace npu {
 
 namespace {
@@ -84,6 +86,7 @@ runtime::Stream& currentRuntimeStream(c10::DeviceIndex device) {
 }
 
 void synchronizeStream(const c10::Stream& stream, const char* where) {
+  graph::checkNotCapturing(stream.device_index(), where);
   auto& rt = runtimeStream(stream);
   translateRuntimeErrors(where, [&] { rt.synchronize(); });
 }
@@ -99,6 +102,7 @@ thread_local std::vector<HeldStream> t_held;
 }  // namespace
 
 StreamHold::StreamHold(c10::DeviceIndex device, const char* where) : device_(resolveDevice(device)) {
+  graph::checkNotCapturing(device_, where);
   stream_ = &currentRuntimeStream(device_);
   translateRuntimeErrors(where, [&] { stream_->acquire(); });
   t_held.push_back({device_, stream_->id()});

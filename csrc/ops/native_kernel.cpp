@@ -1,16 +1,21 @@
 #include "native_kernel.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/TypeProperties.h>
 #include <c10/core/DeviceGuard.h>
 
 #include <algorithm>
+#include <mutex>
+#include <unordered_map>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include "../core/device.h"
 #include "../core/generator.h"
+#include "../core/graph.h"
 #include "../core/launch.h"
 #include "../core/profile.h"
 #include "../runtime/tracing.h"
@@ -131,6 +136,162 @@ void checkResultCastsIntoSelf(const c10::OperatorHandle& op, const std::vector<c
   const auto self = cpu_args[0].toTensor().scalar_type();
   TORCH_CHECK(c10::canCast(result, self), "result type ", result, " can't be cast to the desired output type ",
               self);
+}
+
+// The out= overload of a functional op (gelu -> gelu.out, pow.Tensor_Scalar ->
+// pow.Tensor_Scalar_out): the same arguments, then one out argument per result.
+std::optional<c10::OperatorHandle> findOutVariant(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  if (op.hasTag(at::Tag::nondeterministic_seeded) || schema.returns().empty()) return std::nullopt;
+  const std::string& overload = schema.overload_name();
+  for (const std::string& candidate : {overload.empty() ? std::string("out") : overload + "_out", std::string("out")}) {
+    auto out = c10::Dispatcher::singleton().findSchema({schema.name(), candidate});
+    if (!out) continue;
+    const auto& theirs = out->schema().arguments();
+    const auto& ours = schema.arguments();
+    if (theirs.size() != ours.size() + schema.returns().size()) continue;
+    bool same = true;
+    for (size_t i = 0; i < theirs.size() && same; ++i) {
+      if (i < ours.size()) {
+        same = theirs[i].name() == ours[i].name() && *theirs[i].type() == *ours[i].type();
+      } else {
+        same = theirs[i].is_out() && theirs[i].type()->kind() == c10::TypeKind::TensorType;
+      }
+    }
+    if (same) return out;
+  }
+  return std::nullopt;
+}
+
+std::optional<c10::OperatorHandle> outVariant(const c10::OperatorHandle& op) {
+  static std::mutex mutex;
+  static std::unordered_map<c10::OperatorName, std::optional<c10::OperatorHandle>> found;   // once per op
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = found.find(op.operator_name());
+  if (it == found.end()) it = found.emplace(op.operator_name(), findOutVariant(op)).first;
+  return it->second;
+}
+
+// An op the npu runs on the host thread, met while the current stream captures a
+// graph: the host cannot run it now (its inputs are computed only at replay), so
+// its outputs are allocated from the Meta kernel's geometry (from the graph's
+// pool) and a kernel is recorded that computes it at each replay and copies the
+// results into them. Views run now: they read no data.
+void captureHostOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device,
+                   c10::DispatchKeySet cpu_keys) {
+  const auto& schema = op.schema();
+  const std::string& name = schema.name();
+  const size_t n = schema.arguments().size();
+  const size_t begin = stack->size() - n;
+  const std::vector<c10::IValue> inputs(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
+  TORCH_CHECK(op.hasKernelForDispatchKey(c10::DispatchKey::Meta),
+              name, " cannot be captured into an npu graph: the npu runs it on the host and, without a Meta kernel, "
+              "the shape of its result is known only from the data. Run it before or after the capture. The "
+              "capture was left: capture again without it.");
+  torch::jit::Stack meta;
+  for (const auto& v : inputs) {
+    meta.push_back(dispatch::mapTensors(v, [](const at::Tensor& t, bool) { return metaLike(t); }));
+  }
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    why = why.substr(0, why.find('\n'));
+    TORCH_CHECK(false, name, " cannot be captured into an npu graph: the shape of its result depends on the data "
+                "(", why, "), which a replay cannot change. Run it before or after the "
+                "capture, or use an op of fixed output shape (torch.where instead of boolean indexing). The capture "
+                "was left: capture again without it.");
+  }
+  // The results: an argument the op writes (in place, out=) is returned as itself;
+  // a new tensor is allocated now, on the capturing stream, from the graph's pool.
+  std::vector<c10::IValue> results;
+  std::vector<at::Tensor> fresh;   // npu tensors the recorded kernel fills, in return order
+  for (size_t r = 0; r < schema.returns().size(); ++r) {
+    const auto* alias = schema.returns()[r].alias_info();
+    bool returned_argument = false;
+    if (alias != nullptr) {
+      for (size_t a = 0; a < n; ++a) {
+        const auto* arg_alias = schema.arguments()[a].alias_info();
+        if (arg_alias != nullptr && *arg_alias == *alias) {
+          results.push_back(inputs[a]);
+          returned_argument = true;
+          break;
+        }
+      }
+    }
+    if (returned_argument) continue;
+    const c10::IValue& shape = meta[r];
+    TORCH_CHECK(shape.isTensor() || shape.isTensorList(), name, " cannot be captured into an npu graph: it returns ",
+                shape.tagKind(), ", a value the host reads from the data. Run it before or after the capture. The "
+                "capture was left: capture again without it.");
+    results.push_back(dispatch::mapTensors(shape, [&](const at::Tensor& m, bool) {
+      at::Tensor out = at::empty_strided(m.sizes(), m.strides(), m.options().device(device));
+      fresh.push_back(out);
+      return out;
+    }));
+  }
+  std::vector<c10::IValue> args;
+  std::vector<std::pair<size_t, c10::IValue>> generators;   // drawn at each replay: fresh numbers every time
+  std::size_t bytes = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto& v = inputs[i];
+    if (isGeneratorValue(v, schema.arguments()[i])) {
+      generators.emplace_back(i, v);
+      args.push_back(v);
+      continue;
+    }
+    args.push_back(dispatch::mapTensors(v, [&](const at::Tensor& t, bool) -> at::Tensor {
+      if (!isNpu(t)) return t.defined() ? t.clone() : t;
+      bytes += bytesOf(t);
+      return cpuAlias(t);
+    }));
+  }
+  std::vector<at::Tensor> targets;
+  for (const auto& t : fresh) {
+    bytes += bytesOf(t);
+    targets.push_back(cpuAlias(t));
+  }
+  // Its out= overload writes the results in place: no host allocation and copy per replay.
+  const auto out = generators.empty() && results.size() == fresh.size() ? outVariant(op) : std::nullopt;
+  if (out) {
+    std::vector<c10::IValue> out_args = args;
+    for (const auto& t : targets) out_args.emplace_back(t);
+    launch(device.index(), op.operator_name().name.c_str(),
+           [op = *out, out_args = std::move(out_args), cpu_keys, device] {
+             auto work = out_args;
+             runCpuKernel(op, cpu_keys, &work, device.index());
+           },
+           bytes);
+    torch::jit::drop(*stack, n);
+    for (auto& v : results) stack->push_back(std::move(v));
+    return;
+  }
+  launch(device.index(), op.operator_name().name.c_str(),
+         [op, args, generators, targets, cpu_keys, device, returned = schema.returns().size()] {
+           auto work = args;
+           for (const auto& [i, g] : generators) work[i] = drawOf(g, device);
+           runCpuKernel(op, cpu_keys, &work, device.index());
+           size_t k = 0;
+           for (size_t i = work.size() - returned; i < work.size(); ++i) {
+             dispatch::mapTensors(work[i], [&](const at::Tensor& t, bool) {
+               if (k < targets.size() && !t.is_same(targets[k]) && t.data_ptr() != targets[k].data_ptr()) {
+                 targets[k].copy_(t);
+               }
+               ++k;
+               return t;
+             });
+           }
+         },
+         bytes);
+  torch::jit::drop(*stack, n);
+  for (auto& v : results) stack->push_back(std::move(v));
+}
+
+bool returnsView(const c10::FunctionSchema& schema) {
+  for (const auto& r : schema.returns()) {
+    if (r.alias_info() != nullptr && !r.alias_info()->isWrite()) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -288,9 +449,12 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
     // a cpu tensor (a scalar): the closure needs its own copy
     return t.clone();
   };
+  std::vector<std::pair<size_t, c10::IValue>> generators;   // under capture: drawn at each replay
+  const bool capturing = graph::currentStreamCapturing(device.index());
   for (size_t i = begin; i < stack->size(); ++i) {
     const c10::IValue& v = (*stack)[i];
     if (isGeneratorValue(v, schema.arguments()[i - begin])) {
+      if (capturing) generators.emplace_back(i - begin, v);
       args.emplace_back(drawOf(v, device));
     } else {
       args.push_back(dispatch::mapTensors(v, [&](const at::Tensor& t, bool) { return alias_of(t); }));
@@ -323,6 +487,18 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
     runOnHost(op, stack, device, kCPUKeys);
     return;
   }
+  if (C10_UNLIKELY(capturing)) {
+    // A captured kernel runs at every replay: each run gets its own copy of the
+    // stack, and its random numbers are drawn then (fresh at every replay).
+    launch(device.index(), name,
+           [op, args = std::move(args), generators = std::move(generators), device] {
+             auto stack = args;
+             for (const auto& [i, g] : generators) stack[i] = drawOf(g, device);
+             runCpuKernel(op, kCPUKeys, &stack, device.index());
+           },
+           bytes);
+    return;
+  }
   launch(device.index(), name,
          [op, args = std::move(args), index = device.index()]() mutable {
            runCpuKernel(op, kCPUKeys, &args, index);
@@ -333,6 +509,14 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
 void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device,
                              c10::DispatchKeySet cpu_keys) {
   const auto& schema = op.schema();
+  if (C10_UNLIKELY(graph::currentStreamCapturing(device.index()))) {
+    if (!returnsView(schema)) {
+      captureHostOp(op, stack, device, cpu_keys);
+      return;
+    }
+  }
+  std::optional<graph::HostWorkAllowed> view_in_capture;   // a view reads no data: it runs now
+  if (C10_UNLIKELY(graph::currentStreamCapturing(device.index()))) view_in_capture.emplace();
   const size_t n = schema.arguments().size();
   const size_t begin = stack->size() - n;
   HostExecution exec(device, op.operator_name().name.c_str());

@@ -13,6 +13,7 @@
 #include "../core/allocator.h"
 #include "../core/device.h"
 #include "../core/generator.h"
+#include "../core/graph.h"
 #include "../core/host_allocator.h"
 #include "../core/launch.h"
 #include "../core/profile.h"
@@ -196,10 +197,48 @@ void bindStreams(py::module_& m) {
   // the kernel, and lets go. Cheap when the stream is idle. The GIL is kept
   // throughout, as by every op that runs on the host: a holder must never wait for
   // the GIL, or a thread that has it and waits for the stream would wait forever.
-  m.def("_run_in_stream_order", [](int64_t d, py::function kernel, py::args args) {
-    npu::StreamHold hold(npu::toDeviceIndex(d), "compiled kernel launch");
+  m.def("_run_in_stream_order", [](int64_t d, py::function kernel, py::args args) -> py::object {
+    const auto device = npu::toDeviceIndex(d);
+    if (C10_UNLIKELY(npu::graph::currentStreamCapturing(device))) {
+      // Recorded, and called at each replay by the replaying thread (which holds the
+      // GIL, as this one does); the Python objects it keeps are let go under the GIL,
+      // whichever thread drops the graph.
+      using Call = std::pair<py::function, py::args>;
+      std::shared_ptr<Call> call(new Call(kernel, args), [](Call* p) {
+        py::gil_scoped_acquire gil;
+        delete p;
+      });
+      npu::graph::recordHostWork(device, "compiled kernel", [call] {
+        py::gil_scoped_acquire gil;
+        call->first(*call->second);
+      });
+      return py::none();
+    }
+    npu::StreamHold hold(device, "compiled kernel launch");
     return kernel(*args);
   });
+}
+
+void bindGraphs(py::module_& m) {
+  using npu::graph::Graph;
+  py::class_<Graph>(m, "_NPUGraph")
+      .def(py::init<bool>(), py::arg("keep_graph") = false)
+      .def("capture_begin",
+           [](Graph& g, uint64_t a, uint64_t b, const std::string& mode) {
+             g.captureBegin(c10::MempoolId_t(a, b), mode);
+           },
+           py::call_guard<py::gil_scoped_release>())
+      .def("capture_end", &Graph::captureEnd)
+      .def("replay", &Graph::replay)
+      .def("reset", &Graph::reset, py::call_guard<py::gil_scoped_release>())
+      .def("pool", [](const Graph& g) { auto p = g.pool(); return py::make_tuple(p.first, p.second); })
+      .def("size", &Graph::size)
+      .def("describe", &Graph::describe)
+      .def("enable_debug_mode", &Graph::enable_debug_mode)
+      .def("debug_dump", &Graph::debug_dump);
+  m.def("_register_graph_impl", [] { npu::graph::registerGraphImpl(); });
+  m.def("_is_current_stream_capturing",
+        [](int64_t d) { return npu::graph::currentStreamCapturing(npu::toDeviceIndex(d)); });
 }
 
 void bindMemory(py::module_& m) {
@@ -535,6 +574,7 @@ PYBIND11_MODULE(_C, m) {
   bindRuntime(m);
   bindStreams(m);
   bindMemory(m);
+  bindGraphs(m);
   bindRandom(m);
   bindDispatch(m);
   bindDistributed(m);

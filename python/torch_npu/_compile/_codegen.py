@@ -117,6 +117,34 @@ def _on_npu(node):
 CHECKED = ("2.13",)   # the torch versions every change below was checked against (torch_npu._patches)
 
 
+def _graphs():
+    """mode="reduce-overhead" replays npu graphs: inductor wraps compiled code through its
+    CUDA-graph policy (the npu's, npugraphs.py, for npu code) once its device check lets a
+    graph on one npu device through."""
+    from torch._inductor import config, cudagraph_utils
+
+    from .npugraphs import npu_graph_policy
+    if config.cudagraph_policy is None:   # (a policy of the user's stays: npu code then runs without graphs)
+        config.cudagraph_policy = npu_graph_policy()   # through the config module's own setter
+        _patches.record("torch._inductor.config.cudagraph_policy = NPUGraphPolicy()", group=GROUP, checked=CHECKED,
+                        undo=lambda: setattr(config, "cudagraph_policy", None),
+                        reason="inductor wraps compiled code in graphs through this policy; the npu's replays npu "
+                               "graphs for npu code and leaves other devices to inductor's cudagraph trees")
+
+    def one_npu_device_passes(original):
+        def check(device_node_mapping):
+            devices = {d for d in device_node_mapping if d.type != "meta"}
+            if len(devices) == 1 and next(iter(devices)).type == "npu":
+                return None
+            return original(device_node_mapping)
+        return check
+
+    _wrap(cudagraph_utils, "check_multiple_devices_or_any_cpu_nodes", one_npu_device_passes,
+          expects="(device_node_mapping)",
+          reason="inductor's check that a graph may be captured accepts a single cuda device only: a graph on "
+                 "one npu device may be captured too")
+
+
 def _patch(owner, name, value, *, reason, expects):
     """``owner.name = value`` (``owner[name]`` for a dict), undone by ``_patches.undo("compile")``."""
     return _patches.patch(owner, name, value, GROUP, reason=reason, checked=CHECKED, expects=expects)
@@ -351,5 +379,5 @@ def register():
     takes it back for the rest of the process)."""
     _common.register_device_op_overrides("npu", NpuDeviceOpOverrides())
     for teach in (_scheduler_nodes, _realization_heuristics, _backend_rules, _concatenation, _arg_reductions,
-                  _division, _variance, _scatter, _layout):
+                  _division, _variance, _scatter, _layout, _graphs):
         teach()

@@ -376,13 +376,15 @@ FALLBACK_HINT = ('To run the graphs that fail to compile eagerly instead (with a
 
 
 def register():
-    """Names the backend "npu" for torch.compile and makes its compile errors say how to
+    """Names the backends "npu" and "npugraphs" for torch.compile and makes its compile errors say how to
     fall back to eager (run when dynamo's registry loads). The change to dynamo's
     ``BackendCompilerFailed`` goes through :mod:`torch_npu._patches` (group "compile")."""
     from torch._dynamo import exc
     from torch._dynamo.backends import registry
     if "npu" not in registry._COMPILER_FNS:
         registry.register_backend(compiler_fn=npu_backend, name="npu")
+    if "npugraphs" not in registry._COMPILER_FNS:   # the Ascend adapter's name for graph replay
+        registry.register_backend(compiler_fn=npugraphs_backend, name="npugraphs")
 
     def hinting(init):
         def __init__(self, backend_fn, inner_exception, first_useful_frame):
@@ -395,6 +397,13 @@ def register():
                   expects="(self, backend_fn, inner_exception, first_useful_frame)",
                   reason="dynamo's error for a failed backend compiler has no hook for advice: an npu graph's error "
                          "says how to fall back to eager")
+
+
+def npugraphs_backend(gm, example_inputs):
+    """torch.compile(backend="npugraphs") (npugraphs.py; imported when used: dynamo is still
+    loading when the backends are registered)."""
+    from .npugraphs import npugraphs
+    return npugraphs(gm, example_inputs)
 
 
 def _graph_on_npu(frame):

@@ -65,6 +65,7 @@ from .random import (
     set_rng_state_all,
 )
 from .streams import Event, Stream, StreamContext, current_stream, default_stream, set_stream, stream
+from .graphs import NPUGraph, graph, graph_pool_handle, is_current_stream_capturing, make_graphed_callables
 from . import amp  # noqa: E402
 
 OutOfMemoryError = torch.OutOfMemoryError  # what the npu allocator raises, as torch.cuda.OutOfMemoryError
@@ -98,6 +99,7 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 __all__ = [
+    "NPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables",
     "Event", "MemPool", "OutOfMemoryError", "Stream", "StreamContext", "amp", "caching_allocator_alloc",
     "caching_allocator_delete", "get_allocator_backend", "get_per_process_memory_fraction", "max_memory_cached",
     "memory_cached", "memory_snapshot", "memory_stats_as_nested_dict", "reset_max_memory_cached",

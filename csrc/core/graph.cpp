@@ -1,0 +1,274 @@
+#include "graph.h"
+
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <fstream>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <sstream>
+
+#include "allocator.h"
+#include "device.h"
+#include "stream.h"
+
+namespace npu::graph {
+namespace {
+
+// A capture in progress: which graph records the work of which stream.
+struct Capture {
+  Graph* graph;
+  c10::DeviceIndex device;
+  int64_t stream;
+  std::string mode;
+  std::thread::id thread;
+};
+
+// Launches check `g_active` first: no lock and no lookup when nothing captures.
+std::atomic<int> g_active{0};
+std::mutex g_mutex;
+std::vector<Capture> g_captures;
+thread_local int t_host_work_allowed = 0;
+
+const char* kRemedy =
+    "do it before torch.npu.graph()/capture_begin() or after the capture ends (or capture with "
+    "capture_error_mode=\"relaxed\" when it does not depend on the captured work)";
+
+// The capture of this thread's current stream of `device`, or nullptr. Needs g_mutex.
+Capture* captureOfCurrentStream(c10::DeviceIndex device) {
+  const int64_t stream = currentStream(device).id();
+  for (auto& c : g_captures) {
+    if (c.device == device && c.stream == stream) return &c;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+bool currentStreamCapturing(c10::DeviceIndex device) {
+  if (g_active.load(std::memory_order_acquire) == 0) return false;
+  device = resolveDevice(device);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return captureOfCurrentStream(device) != nullptr;
+}
+
+bool recordKernel(c10::DeviceIndex device, const char* name, const runtime::Kernel& kernel, std::size_t bytes) {
+  if (g_active.load(std::memory_order_acquire) == 0) return false;
+  device = resolveDevice(device);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  Capture* c = captureOfCurrentStream(device);
+  if (c == nullptr) return false;
+  Graph::Node node;
+  node.name = name;
+  node.kernel = kernel;
+  node.bytes = bytes;
+  c->graph->nodes_.push_back(std::move(node));
+  return true;
+}
+
+bool recordCopy(c10::DeviceIndex device, void* dst, const void* src, std::size_t n, runtime::CopyKind kind) {
+  if (g_active.load(std::memory_order_acquire) == 0) return false;
+  device = resolveDevice(device);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  Capture* c = captureOfCurrentStream(device);
+  if (c == nullptr) return false;
+  Graph::Node node;
+  node.name = kind == runtime::CopyKind::HostToDevice ? "Memcpy HtoD" : "Memcpy DtoH";
+  node.dst = dst;
+  node.src = src;
+  node.bytes = n;
+  node.kind = kind;
+  c->graph->nodes_.push_back(std::move(node));
+  return true;
+}
+
+HostWorkAllowed::HostWorkAllowed() { ++t_host_work_allowed; }
+HostWorkAllowed::~HostWorkAllowed() { --t_host_work_allowed; }
+
+bool recordHostWork(c10::DeviceIndex device, const char* name, std::function<void()> work) {
+  if (g_active.load(std::memory_order_acquire) == 0) return false;
+  device = resolveDevice(device);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  Capture* c = captureOfCurrentStream(device);
+  if (c == nullptr) return false;
+  Graph::Node node;
+  node.name = name;
+  node.host = std::move(work);
+  c->graph->nodes_.push_back(std::move(node));
+  return true;
+}
+
+void checkNotCapturing(c10::DeviceIndex device, const char* what) {
+  if (g_active.load(std::memory_order_acquire) == 0 || t_host_work_allowed > 0) return;
+  device = resolveDevice(device);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (const auto& c : g_captures) {
+    if (c.device != device || c.mode == "relaxed") continue;
+    if (c.mode == "thread_local" && c.thread != std::this_thread::get_id()) continue;
+    TORCH_CHECK(false, what, " is not permitted while npu:", static_cast<int>(device), " captures a graph (stream ",
+                c.stream, ", capture_error_mode=\"", c.mode,
+                "\"): a captured graph replays device work only, and this waits for the device or runs on the "
+                "host; ", kRemedy, ". The capture was left: capture again without it.");
+  }
+}
+
+Graph::Graph(bool /*keep_graph*/) {}   // the record is kept whatever keep_graph says: replay needs it
+
+void Graph::capture_begin(c10::MempoolId_t pool, at::GraphCaptureMode mode) {
+  switch (mode) {
+    case at::GraphCaptureMode::ThreadLocal: captureBegin(pool, "thread_local"); break;
+    case at::GraphCaptureMode::Relaxed: captureBegin(pool, "relaxed"); break;
+    default: captureBegin(pool, "global"); break;
+  }
+}
+
+void Graph::debug_dump(const std::string& path) {
+  std::ofstream out(path);
+  TORCH_CHECK(out.good(), "NPUGraph.debug_dump: cannot write ", path);
+  out << describe();
+}
+
+void registerGraphImpl() {
+  const std::string key = c10::DeviceTypeName(c10::DeviceType::PrivateUse1, /*lower_case=*/false);
+  if (at::GraphImplRegistry()->Has(key)) return;
+  at::GraphImplRegistry()->Register(
+      key, [](at::GraphImplArgs args) -> std::unique_ptr<at::GraphImplInterface> {
+        return std::make_unique<Graph>(args);
+      });
+}
+
+Graph::~Graph() {
+  try {
+    reset();
+  } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw
+  }
+}
+
+void Graph::captureBegin(c10::MempoolId_t pool, const std::string& mode) {
+  TORCH_CHECK(mode == "global" || mode == "thread_local" || mode == "relaxed",
+              "NPUGraph.capture_begin: capture_error_mode must be \"global\", \"thread_local\" or \"relaxed\", got \"",
+              mode, "\"");
+  TORCH_CHECK(!capturing_, "NPUGraph.capture_begin: this graph is already capturing");
+  TORCH_CHECK(!captured_, "NPUGraph.capture_begin: this graph holds a capture already: call reset() first");
+  const c10::DeviceIndex device = resolveDevice(-1);
+  const int64_t stream = currentStream(device).id();
+  TORCH_CHECK(stream != 0,
+              "NPUGraph.capture_begin: npu:", static_cast<int>(device), " cannot capture on its default stream, as "
+              "CUDA cannot: capture on a side stream (torch.npu.graph() uses one; or with torch.npu.stream(s))");
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    for (const auto& c : g_captures) {
+      TORCH_CHECK(!(c.device == device && c.stream == stream), "NPUGraph.capture_begin: stream ", stream,
+                  " of npu:", static_cast<int>(device), " is capturing another graph already");
+    }
+  }
+  // The capture starts after the work queued so far ran: nothing recorded
+  // depends on work that a replay would not repeat.
+  synchronizeStream(currentStream(device), "NPUGraph.capture_begin");
+  pool_ = (pool.first == 0 && pool.second == 0) ? allocator::newPoolId(false) : pool;
+  allocator::beginAllocateToPool(device, pool_, [stream](int64_t id) { return id == stream; });
+  holds_pool_ = true;
+  device_ = device;
+  stream_id_ = stream;
+  mode_ = mode;
+  thread_ = std::this_thread::get_id();
+  nodes_.clear();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_captures.push_back({this, device, stream, mode, thread_});
+  capturing_ = true;
+  g_active.fetch_add(1, std::memory_order_release);
+}
+
+void Graph::leaveCapture() {
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_captures.erase(std::remove_if(g_captures.begin(), g_captures.end(),
+                                    [this](const Capture& c) { return c.graph == this; }),
+                     g_captures.end());
+  }
+  capturing_ = false;
+  g_active.fetch_sub(1, std::memory_order_release);
+  allocator::endAllocateToPool(device_, pool_);
+}
+
+void Graph::captureEnd() {
+  TORCH_CHECK(capturing_, "NPUGraph.capture_end: this graph is not capturing (call capture_begin() first)");
+  const int64_t stream = currentStream(device_).id();
+  TORCH_CHECK(stream == stream_id_, "NPUGraph.capture_end: the current stream of npu:", static_cast<int>(device_),
+              " is ", stream, ", not the capturing stream ", stream_id_, ": end the capture on the stream it began on");
+  leaveCapture();
+  captured_ = true;
+}
+
+void Graph::replay() {
+  TORCH_CHECK(captured_, "NPUGraph.replay: nothing captured (capture_begin() and capture_end() first)");
+  TORCH_CHECK(!currentStreamCapturing(device_),
+              "NPUGraph.replay: the current stream of npu:", static_cast<int>(device_),
+              " is capturing: a replay cannot be captured into another graph");
+  auto& stream = currentRuntimeStream(device_);
+  // Consecutive kernels run as one launch; copies are the stream's own; host work
+  // runs here, in stream order, as it does eagerly.
+  std::size_t i = 0;
+  while (i < nodes_.size()) {
+    const Node& node = nodes_[i];
+    if (node.host) {
+      StreamHold hold(device_, "NPUGraph.replay");
+      node.host();
+      ++i;
+      continue;
+    }
+    if (!node.kernel) {
+      translateRuntimeErrors("NPUGraph.replay", [&] { stream.copy(node.dst, node.src, node.bytes, node.kind); });
+      ++i;
+      continue;
+    }
+    std::size_t end = i;
+    std::size_t bytes = 0;
+    while (end < nodes_.size() && nodes_[end].kernel) bytes += nodes_[end++].bytes;
+    const Node* first = nodes_.data() + i;
+    const std::size_t count = end - i;
+    translateRuntimeErrors("NPUGraph.replay", [&] {
+      stream.launch(
+          "npu.graph_replay",
+          [first, count] {
+            at::AutoDispatchBelowADInplaceOrView below_autograd;
+            for (std::size_t k = 0; k < count; ++k) first[k].kernel();
+          },
+          bytes);
+    });
+    i = end;
+  }
+}
+
+void Graph::reset() {
+  if (capturing_) leaveCapture();
+  if (!nodes_.empty() && device_ >= 0) {
+    // Queued replays still read the nodes: they go once the device is done.
+    translateRuntimeErrors("NPUGraph.reset", [&] { runtimeDevice(device_).synchronize(); });
+  }
+  nodes_.clear();
+  captured_ = false;
+  if (holds_pool_) {
+    holds_pool_ = false;
+    allocator::releasePool(device_, pool_);
+  }
+}
+
+c10::MempoolId_t Graph::pool() const {
+  TORCH_CHECK(pool_.first != 0 || pool_.second != 0,
+              "NPUGraph.pool: the graph has no pool before capture_begin()");
+  return pool_;
+}
+
+std::string Graph::describe() const {
+  std::ostringstream out;
+  out << "npu graph on npu:" << static_cast<int>(device_) << ", " << nodes_.size() << " nodes\n";
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    out << "  " << i << ": " << nodes_[i].name << " (" << nodes_[i].bytes << " bytes)\n";
+  }
+  return out.str();
+}
+
+}  // namespace npu::graph

@@ -1,0 +1,119 @@
+// Graph capture and replay for the npu, after CUDA graphs: while a stream
+// captures, the kernels and asynchronous copies launched on it are recorded
+// (their arguments already resolved to device memory) instead of run; a replay
+// queues them again, in order, on the current stream, as one launch: no
+// Python, no dispatcher, no allocation. Memory allocated on the capturing
+// stream comes from the graph's private pool (or a shared pool id) and stays
+// reserved until the graph is reset. What CUDA forbids during capture (waiting
+// for the device or a stream, host reads, ops the host runs in stream order)
+// raises a clear error and leaves the capture cleanly.
+#pragma once
+
+#include <ATen/core/GraphImplInterface.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/Device.h>
+#include <c10/core/DispatchKeySet.h>
+
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../runtime/hal.h"
+
+namespace npu::graph {
+
+// Whether the current stream of `device` (this thread's) is capturing.
+bool currentStreamCapturing(c10::DeviceIndex device);
+
+// The launch path: records `kernel` into the capture of this thread's current
+// stream of `device` and returns true, or returns false when it is not capturing.
+bool recordKernel(c10::DeviceIndex device, const char* name, const runtime::Kernel& kernel, std::size_t bytes);
+// The same for an asynchronous copy (pinned host memory <-> device).
+bool recordCopy(c10::DeviceIndex device, void* dst, const void* src, std::size_t n, runtime::CopyKind kind);
+
+// Host code that runs device work in stream order (inductor's generated C++
+// kernels, called from Python): recorded when the current stream captures, and
+// run at replay on the replaying thread, holding the stream (StreamHold), after
+// the replay's earlier work, as it runs eagerly. False: not capturing, run it now.
+bool recordHostWork(c10::DeviceIndex device, const char* name, std::function<void()> work);
+
+// Raises when `what` (a wait for the device or a stream, a host read, a host-run
+// op) would run while a capture forbids it: in "global" mode any capture on
+// `device`, in "thread_local" mode one begun by this thread; "relaxed" forbids nothing.
+void checkNotCapturing(c10::DeviceIndex device, const char* what);
+
+// While one lives on this thread, checkNotCapturing lets host work through: for
+// work that reads no device data (views, metadata).
+class HostWorkAllowed {
+ public:
+  HostWorkAllowed();
+  ~HostWorkAllowed();
+  HostWorkAllowed(const HostWorkAllowed&) = delete;
+  HostWorkAllowed& operator=(const HostWorkAllowed&) = delete;
+};
+
+// Also PyTorch's graph interface for the npu: torch.accelerator.Graph (registerGraphImpl).
+class Graph final : public at::GraphImplInterface {
+ public:
+  explicit Graph(bool keep_graph = false);
+  explicit Graph(const at::GraphImplArgs& args) : Graph(args.keep_graph) {}
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  // Captures the work this thread launches on its current stream of the current
+  // device. pool {0, 0}: a private pool of its own; otherwise a pool id from
+  // graph_pool_handle() or another graph's pool(). mode: "global",
+  // "thread_local" or "relaxed" (torch.cuda's capture_error_mode).
+  void captureBegin(c10::MempoolId_t pool, const std::string& mode);
+  void captureEnd();
+  // replay(): queues the recorded work on the current stream of the graph's device.
+  // reset(): drops the recorded work and gives the pool back (its memory is freed
+  // once no graph or tensor uses it).
+  c10::MempoolId_t pool() const override;
+  std::size_t size() const { return nodes_.size(); }
+  c10::DeviceIndex device() const { return device_; }
+  // The recorded work, one line per node (enable_debug_mode/debug_dump).
+  std::string describe() const;
+
+  // at::GraphImplInterface (torch.accelerator.Graph). GraphCaptureMode::Default is "global", as on CUDA.
+  void capture_begin(c10::MempoolId_t pool, at::GraphCaptureMode mode) override;
+  void capture_end() override { captureEnd(); }
+  void instantiate() override {}   // a capture is ready to replay as it ends
+  void replay() override;
+  void reset() override;
+  void enable_debug_mode() override {}   // the record is always kept: debug_dump works without it
+  void debug_dump(const std::string& path) override;
+
+ private:
+  struct Node {
+    std::string name;
+    runtime::Kernel kernel;      // empty for a copy and for host work
+    std::function<void()> host;  // host work (recordHostWork)
+    std::size_t bytes = 0;
+    void* dst = nullptr;         // a copy's
+    const void* src = nullptr;
+    runtime::CopyKind kind = runtime::CopyKind::HostToDevice;
+  };
+  friend bool recordKernel(c10::DeviceIndex, const char*, const runtime::Kernel&, std::size_t);
+  friend bool recordCopy(c10::DeviceIndex, void*, const void*, std::size_t, runtime::CopyKind);
+  friend bool recordHostWork(c10::DeviceIndex, const char*, std::function<void()>);
+  void leaveCapture();
+
+  std::vector<Node> nodes_;
+  c10::DeviceIndex device_ = -1;
+  int64_t stream_id_ = 0;
+  c10::MempoolId_t pool_{0, 0};
+  bool capturing_ = false;
+  bool captured_ = false;
+  bool holds_pool_ = false;
+  std::string mode_ = "global";
+  std::thread::id thread_;
+};
+
+// Registers Graph as the npu's implementation of PyTorch's graph interface, under
+// the name PyTorch looks it up by (the PrivateUse1 backend's, once renamed).
+void registerGraphImpl();
+
+}  // namespace npu::graph

@@ -1,0 +1,113 @@
+"""Compiled graphs replayed as npu graphs.
+
+``torch.compile(model, backend="npugraphs")`` (the Ascend adapter's name):
+AOTAutograd splits the graph into forward and backward, which run eagerly.
+``torch.compile(model, mode="reduce-overhead")``: inductor's compiled code for the
+npu (``NPUGraphPolicy``, inductor's CUDA-graph policy hook).
+
+Either way each graph runs once eagerly (a warm-up: lazy initialisations), then is
+captured with torch.npu.graph on its inputs' shapes; later calls copy their inputs
+into the captured (static) inputs, except those whose memory never moves
+(parameters and buffers, inductor's static inputs), and replay. A call with new
+shapes captures again (one graph per shape set). A graph that mutates its inputs,
+or that cannot be captured (an op whose output shape depends on the data, a host
+read), runs as compiled without a graph, with one warning saying why.
+"""
+import warnings
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+
+__all__ = ["npugraphs"]
+
+
+def _mutates_inputs(gm):
+    placeholders = {n for n in gm.graph.nodes if n.op == "placeholder"}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            schema = node.target._schema
+            for arg, value in zip(schema.arguments, node.args):
+                if arg.alias_info is not None and arg.alias_info.is_write and value in placeholders:
+                    return True
+    return False
+
+
+def _key(inputs):
+    return tuple((tuple(t.shape), tuple(t.stride()), t.dtype, t.device) if isinstance(t, torch.Tensor) else t
+                 for t in inputs)
+
+
+class _Replayer:
+    """Runs one compiled graph, ``run(list of inputs)``, from npu graphs, one per input
+    shape set; the inputs at ``static`` indices keep their memory from call to call."""
+
+    def __init__(self, run, name, mutates_inputs=False, static=()):
+        self.run, self.name, self.static = run, name, frozenset(static)
+        self.captured = {}   # input key -> (graph, static inputs, static outputs)
+        self.eager_because = "it mutates its inputs" if mutates_inputs else None
+        self.warmed = set()
+
+    def __call__(self, inputs):
+        inputs = list(inputs)
+        if self.eager_because is not None or not any(
+                isinstance(t, torch.Tensor) and t.device.type == "npu" for t in inputs):
+            return self.run(inputs)
+        key = _key(inputs)
+        entry = self.captured.get(key)
+        if entry is None:
+            if key not in self.warmed:          # first call on these shapes: no graph, a warm-up
+                self.warmed.add(key)
+                return self.run(inputs)
+            try:
+                entry = self.captured[key] = self._capture(inputs)
+            except RuntimeError as e:
+                self.eager_because = str(e).splitlines()[0][:300]
+                warnings.warn(f"torch_npu npu graphs: the {self.name} graph runs without a graph: "
+                              f"{self.eager_because}", RuntimeWarning, stacklevel=2)
+                return self.run(inputs)
+        graph, static_inputs, static_outputs = entry
+        for static, given in zip(static_inputs, inputs):
+            if isinstance(static, torch.Tensor) and static.data_ptr() != given.data_ptr():
+                static.copy_(given)
+        graph.replay()
+        # The static outputs are overwritten by the next replay: the caller gets its own.
+        return [o.clone() if isinstance(o, torch.Tensor) else o for o in static_outputs]
+
+    def _capture(self, inputs):
+        static_inputs = [t.clone() if isinstance(t, torch.Tensor) and i not in self.static else t
+                         for i, t in enumerate(inputs)]
+        graph = torch.npu.NPUGraph()
+        with torch.npu.graph(graph):
+            static_outputs = self.run(list(static_inputs))
+        return graph, static_inputs, list(static_outputs)
+
+
+def npu_graph_policy():
+    """Inductor's CUDA-graph policy with the npu's graphs for npu code (installed as
+    ``torch._inductor.config.cudagraph_policy`` when inductor loads; other devices get
+    inductor's own cudagraph trees)."""
+    from torch._inductor.cudagraph_utils import CUDAGraphPolicy
+
+    class NPUGraphPolicy(CUDAGraphPolicy):
+        def cudagraphify(self, model, example_inputs, static_input_idxs, *, device_index, is_backward,
+                         is_inference, **kwargs):
+            if not any(isinstance(t, torch.Tensor) and t.device.type == "npu" for t in example_inputs):
+                return super().cudagraphify(model, example_inputs, static_input_idxs, device_index=device_index,
+                                            is_backward=is_backward, is_inference=is_inference, **kwargs)
+            replayer = _Replayer(model, "backward" if is_backward else "forward",
+                                 mutates_inputs=bool(kwargs.get("mutated_input_idxs")), static=static_input_idxs)
+            return replayer   # inductor calls it with the list of inputs
+
+    return NPUGraphPolicy()
+
+
+def npugraphs(gm, example_inputs):
+    """The dynamo backend: AOTAutograd's forward and backward graphs, replayed as npu graphs."""
+    def compiler(name):
+        def compile_graph(aot_gm, aot_inputs):
+            replayer = _Replayer(lambda inputs: aot_gm(*inputs), name, mutates_inputs=_mutates_inputs(aot_gm))
+            return make_boxed_func(lambda *args: replayer(list(args)))
+        return compile_graph
+
+    return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"))(gm, example_inputs)
