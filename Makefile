@@ -58,7 +58,7 @@ pytest: build
 # launch policy (every kernel queued to its stream's worker thread), so ordering
 # bugs that running on the caller's thread hides cannot come back.
 ALWAYS_ENQUEUE_TESTS := tests/test_streams.py tests/test_copy.py tests/test_random.py tests/test_checkpoint.py tests/test_models.py \
-	tests/test_stream_semantics.py tests/test_memory.py tests/test_real_models.py
+	tests/test_stream_semantics.py tests/test_memory.py tests/test_real_models.py tests/test_graphs.py
 pytest-always-enqueue: build
 	NPU_EMU_ALWAYS_ENQUEUE=1 $(PY) -m pytest -q $(ALWAYS_ENQUEUE_TESTS)
 
@@ -71,7 +71,7 @@ PROTECTED_TESTS := tests/test_models.py tests/test_real_models.py tests/test_str
 	tests/test_stream_semantics.py tests/test_memory.py tests/test_compile.py tests/test_distributed.py \
 	tests/test_doctor.py tests/test_checkpoint.py tests/test_custom_ops.py tests/test_fused_ops.py \
 	tests/test_fallback.py tests/test_ops.py tests/test_mixed_arguments.py tests/test_contracts.py \
-	tests/test_profiler.py tests/test_protected.py
+	tests/test_profiler.py tests/test_protected.py tests/test_graphs.py
 pytest-protected: build
 	NPU_EMU_PROTECT=1 $(PY) -m pytest -q -m "not host_timing" $(PROTECTED_TESTS)
 

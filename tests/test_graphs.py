@@ -253,3 +253,34 @@ def test_compile_mode_reduce_overhead_replays_npu_graphs(monkeypatch):
     torch.testing.assert_close(x.grad / 3, reference.grad)
     assert len(replays) > 3
     torch._dynamo.reset()
+
+
+def test_a_replay_shows_its_kernels_in_the_profiler():
+    from torch.profiler import ProfilerActivity, profile
+    x = torch.randn(64, device="npu")
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g):
+        y = torch.tanh(x * 2)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        g.replay()
+        torch.npu.synchronize()
+    names = [e.name for e in prof.events()]
+    assert "NPUGraph.replay" in names
+    device_kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.PrivateUse1]
+    assert "aten::mul" in device_kernels and "aten::tanh" in device_kernels, device_kernels
+    torch.testing.assert_close(y, torch.tanh(x * 2))
+
+
+def test_a_graph_is_captured_and_replayed_under_the_doctor():
+    from torch_npu.doctor import Doctor
+    model = _mlp()
+    static_x = torch.randn(4, 16, device="npu")
+    with Doctor(profile=False) as d:
+        g = torch.npu.NPUGraph()
+        with torch.npu.graph(g):
+            static_y = model(static_x)
+        for _ in range(5):
+            static_x.copy_(torch.randn(4, 16, device="npu"))
+            g.replay()
+            torch.testing.assert_close(static_y, model(static_x))
+    assert d.run is not None and d.run.error is None

@@ -9,10 +9,12 @@
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <unordered_set>
 
 #include "allocator.h"
 #include "device.h"
 #include "stream.h"
+#include "../runtime/tracing.h"
 
 namespace npu::graph {
 namespace {
@@ -35,6 +37,14 @@ thread_local int t_host_work_allowed = 0;
 const char* kRemedy =
     "do it before torch.npu.graph()/capture_begin() or after the capture ends (or capture with "
     "capture_error_mode=\"relaxed\" when it does not depend on the captured work)";
+
+// Node names live as long as the process: a profiler's activities keep the pointer.
+const char* intern(const char* name) {
+  static std::mutex mutex;
+  static std::unordered_set<std::string> names;
+  std::lock_guard<std::mutex> lock(mutex);
+  return names.insert(name).first->c_str();
+}
 
 // The capture of this thread's current stream of `device`, or nullptr. Needs g_mutex.
 Capture* captureOfCurrentStream(c10::DeviceIndex device) {
@@ -61,7 +71,7 @@ bool recordKernel(c10::DeviceIndex device, const char* name, const runtime::Kern
   Capture* c = captureOfCurrentStream(device);
   if (c == nullptr) return false;
   Graph::Node node;
-  node.name = name;
+  node.name = intern(name);
   node.kernel = kernel;
   node.bytes = bytes;
   c->graph->nodes_.push_back(std::move(node));
@@ -94,7 +104,7 @@ bool recordHostWork(c10::DeviceIndex device, const char* name, std::function<voi
   Capture* c = captureOfCurrentStream(device);
   if (c == nullptr) return false;
   Graph::Node node;
-  node.name = name;
+  node.name = intern(name);
   node.host = std::move(work);
   c->graph->nodes_.push_back(std::move(node));
   return true;
@@ -229,6 +239,23 @@ void Graph::replay() {
     while (end < nodes_.size() && nodes_[end].kernel) bytes += nodes_[end++].bytes;
     const Node* first = nodes_.data() + i;
     const std::size_t count = end - i;
+    if (C10_UNLIKELY(runtime::tracing::enabled())) {
+      // While a profiler records, each kernel is launched (and traced) on its own,
+      // named by its op, under the replay's correlation id.
+      for (std::size_t k = 0; k < count; ++k) {
+        translateRuntimeErrors("NPUGraph.replay", [&] {
+          stream.launch(
+              first[k].name,
+              [node = first + k] {
+                at::AutoDispatchBelowADInplaceOrView below_autograd;
+                node->kernel();
+              },
+              first[k].bytes);
+        });
+      }
+      i = end;
+      continue;
+    }
     translateRuntimeErrors("NPUGraph.replay", [&] {
       stream.launch(
           "npu.graph_replay",

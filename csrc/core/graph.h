@@ -88,7 +88,7 @@ class Graph final : public at::GraphImplInterface {
 
  private:
   struct Node {
-    std::string name;
+    const char* name = "";       // interned: traces keep the pointer past the graph
     runtime::Kernel kernel;      // empty for a copy and for host work
     std::function<void()> host;  // host work (recordHostWork)
     std::size_t bytes = 0;

@@ -50,6 +50,14 @@ class NPUGraph(_C._NPUGraph):
         a, b = pool if pool is not None else (0, 0)
         super().capture_begin(a, b, capture_error_mode)
 
+    def replay(self) -> None:
+        """Queues the captured work on the current stream (a profiler sees each kernel)."""
+        if torch.autograd.profiler._is_profiler_enabled:
+            with torch.autograd.profiler.record_function("NPUGraph.replay"):
+                super().replay()
+        else:
+            super().replay()
+
     def instantiate(self) -> None:
         """Nothing to do: a captured npu graph is ready to replay (CUDA instantiates here)."""
 
