@@ -508,3 +508,20 @@ def test_bad_environment_setting_names_the_variable():
                       check=False)
     assert proc.returncode != 0
     assert "PYTORCH_NPU_ALLOC_CONF: unknown setting 'bogus'" in proc.stderr
+
+
+def test_the_snapshot_example_writes_a_snapshot_and_its_timeline(tmp_path):
+    import importlib.util
+    import pickle
+    pytest.importorskip("matplotlib", reason="matplotlib draws the timeline")
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    spec = importlib.util.spec_from_file_location("memory_snapshot", os.path.join(root, "examples", "memory_snapshot.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.main(["--out", str(tmp_path / "timeline.png"), "--pickle", str(tmp_path / "snap.pickle")])
+    assert (tmp_path / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+    with open(tmp_path / "snap.pickle", "rb") as f:
+        snapshot = pickle.load(f)
+    times, series = example.active_timeline(snapshot)
+    assert series and all(len(s) == len(times) for s in series)
+    assert max(sum(column) for column in zip(*series)) > 1 << 20      # the model's memory, at its peak
