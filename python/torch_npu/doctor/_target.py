@@ -100,10 +100,6 @@ def _short(path):
     return shown_path(path)
 
 
-def _ms(seconds):
-    return f"{seconds * 1e3:.2f} ms"
-
-
 def _projected_cost(finding, cost, backlog_s=0.0, iterations=0):
     """A finding's cost on the chip, seconds: each launch, copy or sync pays the chip's
     launch overhead; bytes cross the host link or device memory at their speed. A host
