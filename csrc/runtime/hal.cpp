@@ -40,6 +40,30 @@ double Event::elapsedMs(Event& /*end*/) {
   throwUnsupported("elapsed time between events (Capabilities::timing_events)", typeid(*this));
 }
 
+std::string Event::ipcHandle() {
+  throwUnsupported("interprocess events (Capabilities::interprocess)", typeid(*this));
+}
+
+std::string Device::exportMemory(const void* /*ptr*/, std::size_t* /*offset*/) {
+  throwUnsupported("sharing device memory with another process (Capabilities::interprocess)", typeid(*this));
+}
+
+void* Device::openMemory(const std::string& /*handle*/) {
+  throwUnsupported("opening device memory of another process (Capabilities::interprocess)", typeid(*this));
+}
+
+void Device::closeMemory(void* /*base*/) {
+  throwUnsupported("closing device memory of another process (Capabilities::interprocess)", typeid(*this));
+}
+
+std::unique_ptr<Event> Device::createInterprocessEvent() {
+  throwUnsupported("interprocess events (Capabilities::interprocess)", typeid(*this));
+}
+
+std::unique_ptr<Event> Device::openEvent(const std::string& /*handle*/) {
+  throwUnsupported("opening an event of another process (Capabilities::interprocess)", typeid(*this));
+}
+
 Stream& Device::createStream(int /*priority*/) {
   throwUnsupported("creating streams besides the default stream (Capabilities::multiple_streams)", typeid(*this));
 }

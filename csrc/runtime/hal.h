@@ -85,7 +85,9 @@ namespace npu::runtime {
 // meaning, a Capabilities field added.
 //   1: the unversioned HAL (a hostAddressable() predicate, setHal() only).
 //   2: Capabilities, optional methods, the registry, the profiling duty stated.
-constexpr int kHalApiVersion = 2;
+//   3: Capabilities::interprocess and its optional methods (exportMemory,
+//      openMemory, closeMemory, createInterprocessEvent, openEvent, ipcHandle).
+constexpr int kHalApiVersion = 3;
 
 // A kernel is work executed in stream order. It may throw; the error is kept by
 // the stream and raised at the next synchronisation point, naming the kernel.
@@ -141,6 +143,13 @@ struct Capabilities {
   // priority is kept (Stream::priority) but does not schedule, as on the
   // emulator. Informational: nothing above depends on it.
   bool stream_priorities = false;
+  // Another process may map this device's memory and open its events
+  // (Device::exportMemory, openMemory, closeMemory, createInterprocessEvent,
+  // openEvent; Event::ipcHandle), as CUDA's IPC handles allow: what
+  // torch.multiprocessing needs to send an npu tensor to another process on
+  // the same memory. False: those methods throw Unsupported, and sending an
+  // npu tensor to another process raises, naming the HAL.
+  bool interprocess = false;
 };
 
 // Thrown by an optional method that an implementation does not override.
@@ -283,6 +292,10 @@ class Event {
   // and `end`; both must have been created with timing enabled, recorded and
   // completed, or it throws std::logic_error saying which is missing.
   virtual double elapsedMs(Event& end);
+  // Optional (Capabilities::interprocess). A handle another process passes
+  // to Device::openEvent for an event made by createInterprocessEvent (any
+  // other event throws std::logic_error). Opaque bytes of at most 64.
+  virtual std::string ipcHandle();
 };
 
 class Device {
@@ -306,6 +319,34 @@ class Device {
   virtual bool owns(const void* ptr) const = 0;
   // Free bytes and the capacity (properties().total_memory).
   virtual void memoryInfo(std::size_t* free, std::size_t* total) const = 0;
+
+  // Sharing memory between processes: optional (Capabilities::interprocess).
+  // Who needs it: torch.multiprocessing sends an npu tensor as the handle of
+  // the allocation holding it (csrc/core/ipc.cpp, section 9).
+  //   exportMemory(ptr, &offset): a handle (opaque bytes, at most 64) of the
+  //     live allocation of this device holding `ptr` (interior pointers too),
+  //     and ptr's offset in it; std::invalid_argument for a pointer it does
+  //     not own. Valid while the allocation lives and its process runs.
+  //   openMemory(handle), in any process (this one too): the allocation's
+  //     base, mapped so that writes on either side are visible to the other
+  //     once the writer's stream work completed (ordering across processes is
+  //     the events' job). Opening a handle again before closing it may return
+  //     the same base; each open needs one closeMemory. A handle whose
+  //     process exited or whose memory is gone throws std::runtime_error.
+  //   closeMemory(base): unmaps what openMemory returned (once its users'
+  //     stream work completed: the caller's duty); the exporting process may
+  //     free the allocation only once every opener closed it (the layer above
+  //     counts references, as CUDA's do).
+  virtual std::string exportMemory(const void* ptr, std::size_t* offset);
+  virtual void* openMemory(const std::string& handle);
+  virtual void closeMemory(void* base);
+  // An event without timing whose ipcHandle() another process opens with
+  // openEvent(): the opened event tracks the same event. record() in either
+  // process moves the mark; query(), synchronize() and Stream::wait() see the
+  // latest record made before the call in any process. Failures (KernelFailure)
+  // do not cross processes: the opener sees the mark complete.
+  virtual std::unique_ptr<Event> createInterprocessEvent();
+  virtual std::unique_ptr<Event> openEvent(const std::string& handle);
 
   virtual Stream& defaultStream() = 0;
   // Optional (Capabilities::multiple_streams). A new stream, alive as long as

@@ -23,7 +23,11 @@ EmuDevice::EmuDevice(int index, std::size_t capacity, const LaunchConfig& config
   properties_.name = "Emulated NPU";
   properties_.total_memory = capacity;
   properties_.compute_units = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (config_.protect) arena_ = std::make_unique<ProtectedArena>(capacity);
+  if (config_.protect) {
+    arena_ = std::make_unique<ProtectedArena>(capacity);
+  } else {
+    shared_ = std::make_unique<SharedArena>(index, capacity);
+  }
   streams_.push_back(std::make_unique<EmuStream>(index, 0, 0, config_));
   default_stream_ = streams_.front().get();
 }
@@ -38,7 +42,7 @@ void* EmuDevice::allocate(std::size_t n) {
     if (size > properties_.total_memory - used_) return nullptr;
     used_ += size;
   }
-  void* ptr = arena_ ? arena_->allocate(size) : std::aligned_alloc(kAlignment, size);
+  void* ptr = arena_ ? arena_->allocate(size) : shared_->allocate(size);
   std::lock_guard<std::mutex> lock(memory_mutex_);
   if (ptr == nullptr) {
     used_ -= size;
@@ -59,9 +63,9 @@ void EmuDevice::free(void* ptr) {
     }
     used_ -= it->second;
     if (arena_) arena_->free(ptr, it->second);
+    else shared_->free(ptr, it->second);
     allocations_.erase(it);
   }
-  if (!arena_) std::free(ptr);
 }
 
 bool EmuDevice::owns(const void* ptr) const {
@@ -80,7 +84,51 @@ Capabilities EmuDevice::capabilities() const {
   caps.multiple_streams = true;
   caps.timing_events = true;
   caps.stream_priorities = false;
+  caps.interprocess = !config_.protect;  // protected memory is closed to the host, so to other processes too
   return caps;
+}
+
+void EmuDevice::checkInterprocess(const char* what) const {
+  if (config_.protect) {
+    throw Unsupported(std::string(what) + " is not supported by this HAL (the npu emulator with NPU_EMU_PROTECT=1, "
+                      "whose memory is closed to the host and to other processes)");
+  }
+}
+
+std::string EmuDevice::exportMemory(const void* ptr, std::size_t* offset) {
+  checkInterprocess("sharing device memory with another process (Capabilities::interprocess)");
+  const char* p = static_cast<const char*>(ptr);
+  std::lock_guard<std::mutex> lock(memory_mutex_);
+  auto it = allocations_.upper_bound(p);
+  if (it != allocations_.begin()) {
+    --it;
+    if (p < it->first + it->second) {
+      if (offset != nullptr) *offset = static_cast<std::size_t>(p - it->first);
+      return shared_->handle(it->first, it->second);
+    }
+  }
+  throw std::invalid_argument("npu:" + std::to_string(index_) +
+                              ": exportMemory of a pointer outside this device's allocations");
+}
+
+void* EmuDevice::openMemory(const std::string& handle) {
+  checkInterprocess("opening device memory of another process (Capabilities::interprocess)");
+  return openSharedMemory(handle);
+}
+
+void EmuDevice::closeMemory(void* base) {
+  checkInterprocess("closing device memory of another process (Capabilities::interprocess)");
+  closeSharedMemory(base);
+}
+
+std::unique_ptr<Event> EmuDevice::createInterprocessEvent() {
+  checkInterprocess("interprocess events (Capabilities::interprocess)");
+  return std::make_unique<EmuEvent>(index_, false, newEventCell());
+}
+
+std::unique_ptr<Event> EmuDevice::openEvent(const std::string& handle) {
+  checkInterprocess("opening an event of another process (Capabilities::interprocess)");
+  return std::make_unique<EmuEvent>(index_, false, openEventCell(handle));
 }
 
 void EmuDevice::memoryInfo(std::size_t* free, std::size_t* total) const {

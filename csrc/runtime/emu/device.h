@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../hal.h"
+#include "ipc.h"
 #include "protection.h"
 #include "stream.h"
 
@@ -23,6 +24,12 @@ class EmuDevice final : public Device {
   void free(void* ptr) override;
   bool owns(const void* ptr) const override;
   void memoryInfo(std::size_t* free, std::size_t* total) const override;
+  // Capabilities::interprocess (ipc.h), except under NPU_EMU_PROTECT.
+  std::string exportMemory(const void* ptr, std::size_t* offset) override;
+  void* openMemory(const std::string& handle) override;
+  void closeMemory(void* base) override;
+  std::unique_ptr<Event> createInterprocessEvent() override;
+  std::unique_ptr<Event> openEvent(const std::string& handle) override;
   // Host-addressable: the emulated device's memory is host memory. Priorities
   // are kept but do not schedule.
   Capabilities capabilities() const override;
@@ -44,6 +51,8 @@ class EmuDevice final : public Device {
   std::map<const char*, std::size_t> allocations_;  // base -> size, ordered for owns()
   std::size_t used_ = 0;
   std::unique_ptr<ProtectedArena> arena_;  // NPU_EMU_PROTECT: the memory, closed to the host
+  std::unique_ptr<SharedArena> shared_;    // otherwise: the memory, shareable with other processes
+  void checkInterprocess(const char* what) const;
 
   mutable std::mutex streams_mutex_;
   std::vector<std::unique_ptr<EmuStream>> streams_;  // index == stream id

@@ -361,6 +361,21 @@ bool EmuStream::query() {
 }
 
 void EmuStream::wait(Event& event) {
+  if (const SharedEventCell* cell = static_cast<EmuEvent&>(event).interprocess()) {
+    // The latest record in any process: its count now; the marker polls the shared cell.
+    const uint64_t target = cell->cell->recorded.load(std::memory_order_acquire);
+    if (cell->cell->completed.load(std::memory_order_acquire) >= target) return;
+    Kernel waiter = [cell = *cell, target] { cell.waitFor(target); };
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (heldByCallerLocked() || config_.blocking) {
+      lock.unlock();
+      waiter();
+      return;
+    }
+    waitForSpaceLocked(lock);
+    enqueueLocked(Task{"event_wait", std::move(waiter), launched_.fetch_add(1, std::memory_order_acq_rel) + 1});
+    return;
+  }
   auto mark = static_cast<EmuEvent&>(event).currentMark();
   if (!mark || mark->stream == this) return;  // same stream: already ordered
   std::shared_ptr<KernelFailure> failure;
@@ -447,17 +462,37 @@ void EmuEvent::record(Stream& stream) {
     mark_ = mark;
   }
   EmuStream* recorder = mark->stream;
+  if (ipc_) {
+    const uint64_t count = ipc_->cell->recorded.fetch_add(1, std::memory_order_acq_rel) + 1;
+    recorder->launchMarker("event_record", [mark, recorder, cell = *ipc_, count] {
+      mark->complete(recorder->pendingFailure());
+      cell.completeUpTo(count);
+    });
+    return;
+  }
   recorder->launchMarker("event_record", [mark, recorder] { mark->complete(recorder->pendingFailure()); });
 }
 
-bool EmuEvent::recorded() const { return currentMark() != nullptr; }
+std::string EmuEvent::ipcHandle() {
+  if (!ipc_) {
+    throw std::logic_error("this npu event is not interprocess: create it with torch.npu.Event(interprocess=True)");
+  }
+  return ipc_->handle;
+}
+
+bool EmuEvent::recorded() const {
+  if (ipc_) return ipc_->cell->recorded.load(std::memory_order_acquire) > 0;
+  return currentMark() != nullptr;
+}
 
 bool EmuEvent::query() {
+  if (ipc_) return ipc_->complete();
   auto mark = currentMark();
   return !mark || mark->isDone(nullptr);
 }
 
 void EmuEvent::synchronize() {
+  if (ipc_) ipc_->waitFor(ipc_->cell->recorded.load(std::memory_order_acquire));
   auto mark = currentMark();
   if (!mark) return;
   mark->waitDone();

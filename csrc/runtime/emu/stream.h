@@ -16,6 +16,7 @@
 
 #include "../hal.h"
 #include "../tracing.h"
+#include "ipc.h"
 
 namespace npu::runtime::emu {
 
@@ -123,7 +124,13 @@ class EmuStream final : public Stream {
 class EmuEvent final : public Event {
  public:
   EmuEvent(int device, bool timing) : device_(device), timing_(timing) {}
+  // An interprocess event (ipc.h): its state is the shared cell's.
+  EmuEvent(int device, bool timing, SharedEventCell cell)
+      : device_(device), timing_(timing), ipc_(std::make_unique<SharedEventCell>(std::move(cell))) {}
   void record(Stream& stream) override;
+  std::string ipcHandle() override;
+  // The shared cell of an interprocess event, else null.
+  const SharedEventCell* interprocess() const { return ipc_.get(); }
   bool query() override;
   void synchronize() override;
   bool recorded() const override;
@@ -148,6 +155,7 @@ class EmuEvent final : public Event {
  private:
   const int device_;
   const bool timing_;
+  const std::unique_ptr<SharedEventCell> ipc_;
   mutable std::mutex mutex_;
   std::shared_ptr<Mark> mark_;
 };
