@@ -1,4 +1,7 @@
 """Streams, events, asynchrony and kernel errors reported at synchronisation points."""
+import re
+import warnings
+
 import pytest
 import torch
 
@@ -285,3 +288,42 @@ def test_kernel_error_is_asynchronous_when_enqueued(async_results):
     assert r["raised"] is not None, "synchronize() did not raise the kernel's error"
     assert "late-boom" in r["raised"] and "NPU_LAUNCH_BLOCKING" in r["raised"]
     assert r["second_sync_clean"]
+
+
+@pytest.mark.parametrize("mode", ["warn", 1])
+def test_sync_debug_mode_warns_at_each_synchronizing_operation(mode):
+    x = torch.arange(6.0, device="npu")
+    pinned = torch.empty(6).pin_memory()
+    torch.npu.set_sync_debug_mode(mode)
+    try:
+        assert torch.npu.get_sync_debug_mode() == 1
+        for name, op in (("Tensor.item()", lambda: x[2].item()), ("a copy from npu to cpu", lambda: x.cpu()),
+                         ("aten::nonzero", lambda: torch.nonzero(x)),
+                         ("aten::masked_select", lambda: torch.masked_select(x, x > 2)),
+                         ("aten::index", lambda: x[x > 2])):
+            with pytest.warns(UserWarning, match=f"synchronizing npu operation: {re.escape(name)}"):
+                op()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")          # none of these waits for the device
+            y = x * 2 + 1
+            pinned.copy_(y, non_blocking=True)
+            torch.npu.synchronize()                 # explicit: not flagged, as on CUDA
+        assert pinned.tolist() == (torch.arange(6.0) * 2 + 1).tolist()
+    finally:
+        torch.npu.set_sync_debug_mode("default")
+    assert torch.npu.get_sync_debug_mode() == 0
+
+
+def test_sync_debug_mode_error_raises_and_names_the_operation():
+    x = torch.ones(3, device="npu")
+    torch.npu.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError, match=r"synchronizing npu operation: Tensor.item\(\).*set_sync_debug_mode"):
+            x.sum().item()
+    finally:
+        torch.npu.set_sync_debug_mode(0)
+    assert x.sum().item() == 3.0
+    with pytest.raises(RuntimeError, match="invalid value of debug_mode"):
+        torch.npu.set_sync_debug_mode("loud")
+    with pytest.raises(RuntimeError, match="invalid value 3"):
+        torch.npu.set_sync_debug_mode(3)

@@ -100,6 +100,7 @@ void copyHostToDevice(at::Tensor& dst, const at::Tensor& src, bool non_blocking)
 
 void copyDeviceToHost(at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
   const auto device = src.device().index();
+  if (!(non_blocking && isPinned(dst.const_data_ptr()))) checkSync("a copy from npu to cpu");
   c10::DeviceGuard guard(src.device());
   if (non_blocking && isPinned(dst.const_data_ptr()) && isPlainCopy(dst, src)) {
     if (graph::recordCopy(device, dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src),

@@ -120,6 +120,31 @@ StreamHold::~StreamHold() {
   stream_->release();
 }
 
+namespace {
+std::atomic<int> g_sync_debug_mode{0};
+}  // namespace
+
+void setSyncDebugMode(int mode) {
+  TORCH_CHECK(mode >= 0 && mode <= 2, "torch.npu.set_sync_debug_mode: invalid value ", mode,
+              ": expected 0 (\"default\"), 1 (\"warn\") or 2 (\"error\")");
+  g_sync_debug_mode.store(mode, std::memory_order_relaxed);
+}
+
+int syncDebugMode() { return g_sync_debug_mode.load(std::memory_order_relaxed); }
+
+void checkSync(const char* what) {
+  const int mode = g_sync_debug_mode.load(std::memory_order_relaxed);
+  if (C10_LIKELY(mode == 0)) return;
+  if (mode == 1) {
+    TORCH_WARN("called a synchronizing npu operation: ", what,
+               " waits for the npu's queued work (torch.npu.set_sync_debug_mode(\"warn\"))");
+  } else {
+    TORCH_CHECK(false, "called a synchronizing npu operation: ", what, " waits for the npu's queued work, and "
+                "torch.npu.set_sync_debug_mode(\"error\") forbids it; keep the value on the npu, or set the mode "
+                "back to \"default\"");
+  }
+}
+
 bool holdingStream(c10::DeviceIndex device, int64_t stream_id) {
   for (const auto& held : t_held) {
     if (held.device == device && held.id == stream_id) return true;

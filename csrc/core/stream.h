@@ -43,4 +43,12 @@ class StreamHold {
 // it only blocks whose earlier stream work has completed.
 bool holdingStream(c10::DeviceIndex device, int64_t stream_id);
 
+// torch.npu.set_sync_debug_mode, as CUDA's: 0 says nothing, 1 warns and 2 raises at
+// each operation that makes the host wait for the device's results (a copy to
+// host memory, .item(), an op whose output size depends on the data). `what`
+// names the operation.
+void setSyncDebugMode(int mode);
+int syncDebugMode();
+void checkSync(const char* what);
+
 }  // namespace npu

@@ -18,6 +18,7 @@
 #include "../core/graph.h"
 #include "../core/launch.h"
 #include "../core/profile.h"
+#include "../core/stream.h"
 #include "../runtime/tracing.h"
 #include "../dispatch/fallback.h"
 #include "../dispatch/arguments.h"
@@ -287,6 +288,22 @@ void captureHostOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10:
   for (auto& v : results) stack->push_back(std::move(v));
 }
 
+// Ops whose output size depends on the data (boolean indexing among them): a real
+// device's host waits for the values.
+bool sizeDependsOnData(const std::string& name, const torch::jit::Stack& stack, size_t begin) {
+  static const std::set<std::string> ops = {
+      "aten::nonzero", "aten::masked_select", "aten::_unique", "aten::_unique2", "aten::unique_dim",
+      "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::bincount", "aten::repeat_interleave"};
+  if (ops.count(name) != 0) return true;
+  if (name != "aten::index" || stack.size() < begin + 2 || !stack[begin + 1].isList()) return false;
+  for (const auto& index : stack[begin + 1].toListRef()) {
+    if (index.isTensor() && (index.toTensor().scalar_type() == c10::kBool || index.toTensor().scalar_type() == c10::kByte)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 bool returnsView(const c10::FunctionSchema& schema) {
   for (const auto& r : schema.returns()) {
     if (r.alias_info() != nullptr && !r.alias_info()->isWrite()) return true;
@@ -514,6 +531,10 @@ void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* s
       captureHostOp(op, stack, device, cpu_keys);
       return;
     }
+  }
+  if (C10_UNLIKELY(syncDebugMode() != 0) &&
+      sizeDependsOnData(schema.name(), *stack, stack->size() - schema.arguments().size())) {
+    checkSync(schema.name().c_str());
   }
   std::optional<graph::HostWorkAllowed> view_in_capture;   // a view reads no data: it runs now
   if (C10_UNLIKELY(graph::currentStreamCapturing(device.index()))) view_in_capture.emplace();

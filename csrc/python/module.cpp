@@ -59,6 +59,8 @@ void bindRuntime(py::module_& m) {
   m.def("_synchronize", [](int64_t d) { npu::synchronizeDevice(npu::toDeviceIndex(d)); },
         py::call_guard<py::gil_scoped_release>());
   m.def("_hal_name", [] { return npu::runtime::hal().name(); });
+  m.def("_set_sync_debug_mode", [](int mode) { npu::setSyncDebugMode(mode); });
+  m.def("_get_sync_debug_mode", [] { return npu::syncDebugMode(); });
   // A bad NPU_HAL / NPU_EMU_* / NPU_LAUNCH_BLOCKING value, or "" (checked at import).
   m.def("_runtime_environment_error", []() -> std::string {
     try {
@@ -248,6 +250,46 @@ void bindMemory(py::module_& m) {
         [](int64_t d) { npu::allocator::resetAccumulatedStats(npu::toDeviceIndex(d)); });
   m.def("_memory_summary", [](int64_t d) { return npu::allocator::memorySummary(npu::toDeviceIndex(d)); });
   m.def("_empty_cache", [] { npu::allocator::emptyCache(); }, py::call_guard<py::gil_scoped_release>());
+
+  // The pinned host allocator: torch.cuda.host_memory_stats_as_nested_dict()'s structure.
+  m.def("_host_memory_stats", [] {
+    at::HostStats stats;
+    {
+      py::gil_scoped_release release;
+      stats = npu::pinnedHostAllocator()->get_stats();
+    }
+    auto stat = [](const c10::CachingAllocator::Stat& s) {
+      py::dict d;
+      d["current"] = s.current;
+      d["peak"] = s.peak;
+      d["allocated"] = s.allocated;
+      d["freed"] = s.freed;
+      return d;
+    };
+    auto duration = [](const c10::CachingAllocator::DurationStat& s) {
+      py::dict d;
+      d["total"] = s.total;
+      d["max"] = s.max;
+      d["min"] = s.min;
+      d["count"] = s.count;
+      d["avg"] = s.count == 0 ? 0 : s.total / s.count;
+      return d;
+    };
+    py::dict result;
+    result["num_host_alloc"] = stats.num_host_alloc;
+    result["num_host_free"] = stats.num_host_free;
+    result["allocations"] = stat(stats.allocations);
+    result["allocated_bytes"] = stat(stats.allocated_bytes);
+    result["active_requests"] = stat(stats.active_requests);
+    result["active_bytes"] = stat(stats.active_bytes);
+    result["host_alloc_time"] = duration(stats.host_alloc_time);
+    result["host_free_time"] = duration(stats.host_free_time);
+    return result;
+  });
+  m.def("_reset_peak_host_memory_stats", [] { npu::pinnedHostAllocator()->reset_peak_stats(); });
+  m.def("_reset_accumulated_host_memory_stats", [] { npu::pinnedHostAllocator()->reset_accumulated_stats(); });
+  m.def("_host_empty_cache", [] { npu::pinnedHostAllocator()->empty_cache(); },
+        py::call_guard<py::gil_scoped_release>());
 
   // Private memory pools (torch.npu.MemPool, use_mem_pool).
   using PoolId = c10::MempoolId_t;

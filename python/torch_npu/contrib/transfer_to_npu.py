@@ -97,6 +97,7 @@ CUDA_NAMES = {
         "get_device_name": "(device=None)", "get_device_properties": "(device=None)", "init": "()",
         "is_available": "()", "is_bf16_supported": "(including_emulation=True)", "is_initialized": "()",
         "mem_get_info": "(device=None)", "set_device": "(device)", "synchronize": "(device=None)",
+        "get_sync_debug_mode": "()", "set_sync_debug_mode": "(debug_mode)",
         "device": CLASS, "device_of": CLASS,
     },
     "streams and events": {
@@ -114,6 +115,8 @@ CUDA_NAMES = {
         "memory_cached": "(device=None)", "memory_snapshot": "(mempool_id=None, include_traces=True)",
         "memory_stats_as_nested_dict": "(device=None)", "reset_max_memory_cached": "(device=None)",
         "set_per_process_memory_fraction": "(fraction, device=None)", "use_mem_pool": "(pool, device=None)",
+        "host_memory_stats": "()", "host_memory_stats_as_nested_dict": "()",
+        "reset_accumulated_host_memory_stats": "()", "reset_peak_host_memory_stats": "()",
     },
     "graphs": {
         "CUDAGraph": CLASS, "graph": CLASS, "graph_pool_handle": "()", "is_current_stream_capturing": "()",

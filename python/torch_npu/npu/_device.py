@@ -128,6 +128,27 @@ class _NPUDeviceProperties:
                 f"vector_core_num={self.vector_core_num}, L2_cache_size={self.L2_cache_size // (1024 * 1024)}MB)")
 
 
+_SYNC_DEBUG_MODES = {"default": 0, "warn": 1, "error": 2}
+
+
+def set_sync_debug_mode(debug_mode) -> None:
+    """Warn (1, "warn") or raise (2, "error") at each npu operation that makes the host wait
+    for the device's results: a copy to host memory (not a non_blocking one into pinned
+    memory), ``.item()``, an op whose output size depends on the data (nonzero, masked_select,
+    unique, ...). 0 or "default" says nothing. As torch.cuda.set_sync_debug_mode; explicit
+    ``synchronize()`` calls are not flagged."""
+    if isinstance(debug_mode, str):
+        if debug_mode not in _SYNC_DEBUG_MODES:
+            raise RuntimeError("invalid value of debug_mode, expected one of `default`, `warn`, `error`")
+        debug_mode = _SYNC_DEBUG_MODES[debug_mode]
+    _C._set_sync_debug_mode(int(debug_mode))
+
+
+def get_sync_debug_mode() -> int:
+    """The mode set_sync_debug_mode set: 0, 1 or 2."""
+    return _C._get_sync_debug_mode()
+
+
 def get_device_properties(device: _DeviceLike = None) -> _NPUDeviceProperties:
     return _NPUDeviceProperties(**_C._device_properties(_get_device_index(device)))
 
