@@ -236,13 +236,17 @@ if __name__ == "__main__":
 """
 
 
-def test_npu_tensors_sent_to_another_process_raise_and_nothing_hangs(run_python, tmp_path):
+def test_npu_tensors_sent_by_a_hal_that_cannot_share_raise_and_nothing_hangs(run_python, tmp_path):
+    """A HAL without interprocess memory (the emulator under NPU_EMU_PROTECT=1): a clear
+    error in the sender, or from the receiver's get() for a Queue (tests/test_ipc.py: sharing)."""
     script = tmp_path / "share.py"
     script.write_text(SHARE)
-    proc = run_python(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')", timeout=180)
+    proc = run_python(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')", timeout=180,
+                      env={"NPU_EMU_PROTECT": "1"})
     out = json.loads(last_line(proc))
     kind, message = out["consumer"]
-    assert kind == "NpuSharingError" and ".cpu()" in message and "'spawn'" in message
+    assert kind == "NpuSharingError" and ".cpu()" in message and "not supported by HAL" in message, message
+    assert "sending an npu tensor to another process" in message and "npu:0" in message
     assert out["producer"] is not None and ".cpu()" in out["producer"]
     assert out["cpu"] == [1.0, 1.0]
 

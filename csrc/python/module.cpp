@@ -2,6 +2,7 @@
 // C++ call of a lower layer (this is the only file that includes torch/extension.h).
 #include <torch/csrc/Event.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/Storage.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/profiler/combined_traceback.h>
@@ -15,6 +16,7 @@
 #include "../core/generator.h"
 #include "../core/graph.h"
 #include "../core/host_allocator.h"
+#include "../core/ipc.h"
 #include "../core/launch.h"
 #include "../core/profile.h"
 #include "../profiler/npu_profiler.h"
@@ -595,6 +597,44 @@ void bindDispatch(py::module_& m) {
   m.def("_unmatched_library_names", [] { return npu::ops::unmatchedLibraryNames(); });
 }
 
+// torch.multiprocessing and npu tensors (python/torch_npu/_multiprocessing.py), interprocess events.
+void bindIpc(py::module_& m) {
+  m.def("_ipc_supported", [](int64_t d) { return npu::ipc::supported(npu::toDeviceIndex(d)); });
+  m.def("_ipc_share_storage", [](const at::Tensor& t) {
+    const auto s = npu::ipc::shareStorage(t.storage());
+    return py::make_tuple(s.device, py::bytes(s.handle), s.storage_bytes, s.offset, py::bytes(s.ref_counter_handle),
+                          s.ref_counter_slot, py::bytes(s.event_handle), s.event_sync_required);
+  });
+  m.def("_ipc_open_storage", [](int64_t d, const std::string& handle, std::size_t bytes, std::size_t offset,
+                                const std::string& ref_handle, std::size_t slot, const std::string& event_handle,
+                                bool event_sync) {
+    npu::ipc::SharedStorage s{static_cast<int>(npu::toDeviceIndex(d, false)), handle, bytes, offset, ref_handle,
+                              slot, event_handle, event_sync};
+    return py::reinterpret_steal<py::object>(THPStorage_Wrap(npu::ipc::openStorage(s)));
+  });
+  m.def("_ipc_release_counter", [](const std::string& handle, std::size_t slot) {
+    npu::ipc::releaseCounter(handle, slot);
+  });
+  m.def("_ipc_wait_event", [](int64_t d, const std::string& handle) {
+    npu::ipc::waitEvent(npu::toDeviceIndex(d, false), handle);
+  });
+  m.def("_ipc_collect", [] { return npu::ipc::collect(); });
+  m.def("_ipc_limbo_count", [] { return npu::ipc::limboCount(); });
+  py::class_<npu::runtime::Event, std::shared_ptr<npu::runtime::Event>>(m, "_IpcEvent")
+      .def(py::init([](int64_t d) { return npu::ipc::newEvent(npu::toDeviceIndex(d, false)); }))
+      .def_static("open", [](int64_t d, const std::string& handle) {
+        return npu::ipc::openEvent(npu::toDeviceIndex(d, false), handle);
+      })
+      .def_property_readonly("device", &npu::runtime::Event::device)
+      .def("record", [](npu::runtime::Event& e, int64_t id, int64_t d) { e.record(npu::runtimeStream(unpackStream(id, d))); })
+      .def("wait", [](npu::runtime::Event& e, int64_t id, int64_t d) { npu::runtimeStream(unpackStream(id, d)).wait(e); })
+      .def("query", &npu::runtime::Event::query)
+      .def("synchronize", [](npu::runtime::Event& e) {
+        npu::translateRuntimeErrors("Event.synchronize()", [&] { e.synchronize(); });
+      }, py::call_guard<py::gil_scoped_release>())
+      .def("ipc_handle", [](npu::runtime::Event& e) { return py::bytes(e.ipcHandle()); });
+}
+
 void bindDistributed(py::module_& m) {
   // c10d::Backend's Python type exists once torch.distributed has loaded; the
   // npu backend's type derives from it, so torch_npu.distributed makes it then.
@@ -620,4 +660,5 @@ PYBIND11_MODULE(_C, m) {
   bindRandom(m);
   bindDispatch(m);
   bindDistributed(m);
+  bindIpc(m);
 }

@@ -103,6 +103,7 @@ CUDA_NAMES = {
     "streams and events": {
         "Stream": CLASS, "Event": CLASS, "StreamContext": CLASS, "current_stream": "(device=None)",
         "default_stream": "(device=None)", "set_stream": "(stream)", "stream": "(stream)",
+        "ipc_collect": "()",
     },
     "memory": {
         "empty_cache": "()", "max_memory_allocated": "(device=None)", "max_memory_reserved": "(device=None)",

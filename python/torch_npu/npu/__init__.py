@@ -73,6 +73,7 @@ from .random import (
 from .streams import Event, Stream, StreamContext, current_stream, default_stream, set_stream, stream
 from .graphs import NPUGraph, graph, graph_pool_handle, is_current_stream_capturing, make_graphed_callables
 from . import amp  # noqa: E402
+from torch_npu._multiprocessing import ipc_collect  # noqa: E402  (torch.cuda.ipc_collect's)
 
 OutOfMemoryError = torch.OutOfMemoryError  # what the npu allocator raises, as torch.cuda.OutOfMemoryError
 
@@ -106,6 +107,7 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 __all__ = [
     "get_sync_debug_mode", "set_sync_debug_mode",
+    "ipc_collect",
     "NPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables",
     "Event", "MemPool", "OutOfMemoryError", "Stream", "StreamContext", "amp", "caching_allocator_alloc",
     "caching_allocator_delete", "get_allocator_backend", "get_per_process_memory_fraction", "max_memory_cached",

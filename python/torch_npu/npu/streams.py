@@ -58,11 +58,34 @@ class Stream(torch.Stream):
 
 
 class Event(torch.Event):
-    """An npu event: marks a point in a stream; can time and order streams."""
+    """An npu event: marks a point in a stream; can time and order streams.
+
+    ``interprocess=True`` (as torch.cuda.Event's): the event can be shared with
+    other processes (:meth:`ipc_handle`, :meth:`from_ipc_handle`, or sent through
+    torch.multiprocessing); it cannot time.
+    """
 
     def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-        return super().__new__(cls, device=torch.device("npu"), enable_timing=enable_timing,
+        if interprocess:
+            if enable_timing:
+                raise ValueError("torch.npu.Event: an interprocess event cannot time (as CUDA's): create it with "
+                                 "enable_timing=False")
+            cls = _InterprocessEvent if cls is Event else cls
+        self = super().__new__(cls, device=torch.device("npu"), enable_timing=enable_timing,
                                blocking=blocking, interprocess=interprocess)
+        return self
+
+    @classmethod
+    def from_ipc_handle(cls, device: Any, handle: bytes) -> "Event":
+        """The event another process shared with :meth:`ipc_handle`, opened on ``device``."""
+        event = Event(interprocess=True)
+        event._ipc = _C._IpcEvent.open(_get_device_index(device), handle)
+        return event
+
+    def ipc_handle(self) -> bytes:
+        """A handle another process opens with :meth:`from_ipc_handle` (``interprocess=True`` events only)."""
+        raise RuntimeError("torch.npu.Event.ipc_handle: this event is not interprocess; create it with "
+                           "torch.npu.Event(interprocess=True)")
 
     def record(self, stream: Optional[torch.Stream] = None) -> None:
         super().record(current_stream() if stream is None else stream)
@@ -72,10 +95,60 @@ class Event(torch.Event):
 
     def elapsed_time(self, end_event: "Event") -> float:
         """Milliseconds from this event to ``end_event`` (both recorded and completed)."""
+        if isinstance(end_event, _InterprocessEvent):
+            raise RuntimeError("Event.elapsed_time: interprocess events cannot time (as CUDA's)")
         return _C._event_elapsed_time(self, end_event)
 
     def __repr__(self) -> str:
         return f"<torch.npu.Event {self.event_id}>"
+
+
+class _InterprocessEvent(Event):
+    """torch.npu.Event(interprocess=True): the runtime's interprocess event (csrc/core/ipc.h),
+    made at the first record() or ipc_handle(), on the stream's device or the current one."""
+
+    _ipc = None
+
+    def _event(self, device_index: Optional[int] = None):
+        if self._ipc is None:
+            self._ipc = _C._IpcEvent(current_device() if device_index is None else device_index)
+        elif device_index is not None and device_index != self._ipc.device:
+            raise ValueError(f"torch.npu.Event: this interprocess event belongs to npu:{self._ipc.device}; it "
+                             f"cannot be recorded on a stream of npu:{device_index}")
+        return self._ipc
+
+    def ipc_handle(self) -> bytes:
+        """A handle another process opens with :meth:`Event.from_ipc_handle`.
+
+        If not recorded yet, the event uses the current device.
+        """
+        return self._event().ipc_handle()
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("npu", self._event().device)
+
+    def record(self, stream: Optional[torch.Stream] = None) -> None:
+        stream = current_stream() if stream is None else stream
+        self._event(stream.device_index).record(stream.stream_id, stream.device_index)
+
+    def wait(self, stream: Optional[torch.Stream] = None) -> None:
+        stream = current_stream() if stream is None else stream
+        if self._ipc is not None:  # never recorded: nothing to wait for
+            self._ipc.wait(stream.stream_id, stream.device_index)
+
+    def query(self) -> bool:
+        return self._ipc is None or self._ipc.query()
+
+    def synchronize(self) -> None:
+        if self._ipc is not None:
+            self._ipc.synchronize()
+
+    def elapsed_time(self, end_event: "Event") -> float:
+        raise RuntimeError("Event.elapsed_time: interprocess events cannot time (as CUDA's)")
+
+    def __repr__(self) -> str:
+        return f"<torch.npu.Event interprocess {'npu:%d' % self._ipc.device if self._ipc else '(not made yet)'}>"
 
 
 def current_stream(device: Any = None) -> Stream:
