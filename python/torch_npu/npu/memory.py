@@ -136,6 +136,43 @@ def get_per_process_memory_fraction(device: Any = None) -> float:
     return _C._get_memory_fraction(_get_device_index(device))
 
 
+# ---- pinned host memory ---------------------------------------------------------------------
+
+def host_memory_stats() -> Dict[str, Any]:
+    """Statistics of the pinned host allocator, with torch.cuda.host_memory_stats()'s keys:
+    "allocations.{current,peak,allocated,freed}" and "allocated_bytes.*" (blocks held from the
+    host, in use and cached, at their power-of-two size), "active_requests.*" and "active_bytes.*"
+    (blocks handed out and not yet reusable), "num_host_alloc"/"num_host_free" (blocks allocated
+    from and given back to the host) and "host_alloc_time.{total,max,min,count,avg}" /
+    "host_free_time.*" (microseconds in those calls)."""
+    result = []
+
+    def add(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                add(f"{prefix}.{key}" if prefix else key, item)
+        else:
+            result.append((prefix, value))
+
+    add("", host_memory_stats_as_nested_dict())
+    return collections.OrderedDict(sorted(result))
+
+
+def host_memory_stats_as_nested_dict() -> Dict[str, Any]:
+    """host_memory_stats() as nested dicts: {"allocations": {"current": ...}, "num_host_alloc": ...}."""
+    return _C._host_memory_stats()
+
+
+def reset_accumulated_host_memory_stats() -> None:
+    """Resets the "allocated" and "freed" counts (and num_host_alloc/free, the times' totals and counts)."""
+    _C._reset_accumulated_host_memory_stats()
+
+
+def reset_peak_host_memory_stats() -> None:
+    """Resets the "peak" values to the current ones (and the times' max and min)."""
+    _C._reset_peak_host_memory_stats()
+
+
 # ---- private memory pools -------------------------------------------------------------------
 
 class MemPool:
