@@ -87,11 +87,11 @@ def test_replay_on_another_stream_after_an_event():
     assert x.cpu()[0].item() == 11.0
 
 
-@pytest.mark.parametrize("what", ["item", "cpu", "synchronize", "nonzero"])
-def test_what_cuda_forbids_raises_and_leaves_the_capture(what):
+@pytest.mark.parametrize("what", ["item", "cpu", "synchronize", "nonzero", "event", "resize", "out_resize"])
+def test_what_cuda_forbids_raises_and_invalidates_the_capture(what):
     x = torch.randn(8, device="npu")
     g = torch.npu.NPUGraph()
-    with pytest.raises(RuntimeError, match="capture"):
+    with pytest.raises(RuntimeError, match="capture") as raised:
         with torch.npu.graph(g):
             y = x * 2
             if what == "item":
@@ -100,10 +100,28 @@ def test_what_cuda_forbids_raises_and_leaves_the_capture(what):
                 y.cpu()
             elif what == "synchronize":
                 torch.npu.synchronize()
-            else:
+            elif what == "nonzero":
                 torch.nonzero(y)
+            elif what == "event":                    # work forked to another stream
+                side, forked = torch.npu.Stream(), torch.npu.Event()
+                forked.record()
+                side.wait_event(forked)
+                with torch.npu.stream(side):
+                    y * 3
+            elif what == "resize":
+                y.resize_(64)
+            else:
+                torch.add(x, 1, out=torch.empty(0, device="npu"))
+            y.add_(1)                                  # after the refused call: not kept either
+    assert "invalidated" in str(raised.value)
     assert not torch.npu.is_current_stream_capturing()
+    with pytest.raises(RuntimeError, match="nothing captured"):
+        g.replay()                                     # nothing of the capture is replayed
     assert (x * 2).sum().item() == pytest.approx((x.cpu() * 2).sum().item(), rel=1e-6)   # the device works on
+    with torch.npu.graph(g):                           # and the graph captures again
+        z = x * 3
+    g.replay()
+    torch.testing.assert_close(z, x * 3)
 
 
 def test_random_ops_replay_with_fresh_numbers_from_the_npu_generator():
@@ -129,6 +147,21 @@ def test_random_ops_replay_with_fresh_numbers_from_the_npu_generator():
     assert set(first[0][0].unique().tolist()) <= {0.0, 2.0}
 
 
+def test_a_replay_draws_its_random_numbers_when_replay_is_called():
+    x = torch.ones(256, device="npu")
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g):
+        y = torch.nn.functional.dropout(x, 0.5)
+    torch.npu.manual_seed(0)
+    g.replay()
+    expected = y.cpu()
+    torch.npu.manual_seed(0)
+    torch.npu._sleep(50)                       # the stream is busy: the replay queues behind it
+    g.replay()
+    torch.npu.manual_seed(123)                 # after replay(): the queued replay's numbers are drawn already
+    assert torch.equal(y.cpu(), expected)
+
+
 def test_capture_on_the_default_stream_is_refused():
     g = torch.npu.NPUGraph()
     with pytest.raises(RuntimeError, match="default stream"):
@@ -138,11 +171,35 @@ def test_capture_on_the_default_stream_is_refused():
             g.capture_begin(capture_error_mode="loose")
 
 
-def test_relaxed_mode_allows_other_threads_work():
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+def test_capture_error_mode_says_whose_waits_are_refused(mode):
+    import threading
     x = torch.ones(4, device="npu")
+    other = []
+
+    def other_thread():
+        try:
+            torch.npu.synchronize()
+            other.append("ok")
+        except RuntimeError as e:
+            other.append(str(e))
+
     g = torch.npu.NPUGraph()
-    with torch.npu.graph(g, capture_error_mode="relaxed"):
+    with torch.npu.stream(torch.npu.Stream()):
+        g.capture_begin(capture_error_mode=mode)
         y = x + 1
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+        if mode == "global":                           # another thread's wait is refused and invalidates the capture
+            assert "not permitted" in other[0]
+            with pytest.raises(RuntimeError, match="invalidated"):
+                g.capture_end()
+            return
+        assert other == ["ok"]                         # thread_local and relaxed: another thread may wait
+        if mode == "relaxed":
+            torch.npu.synchronize()                    # and, relaxed, this one too
+        g.capture_end()
     g.replay()
     assert y.cpu().tolist() == [2.0] * 4
 
@@ -185,6 +242,63 @@ def test_torch_accelerator_graph_runs_on_the_npu(tmp_path):
     npu_graph.debug_dump(str(tmp_path / "graph.txt"))
     assert "aten::add_" in (tmp_path / "graph.txt").read_text()
     graph.reset()
+
+
+def test_make_graphed_callables_with_several_callables_and_nested_arguments():
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(8, 8).npu(), torch.nn.Linear(8, 4).npu()
+    ref_first, ref_second = torch.nn.Linear(8, 8).npu(), torch.nn.Linear(8, 4).npu()
+    ref_first.load_state_dict(first.state_dict())
+    ref_second.load_state_dict(second.state_dict())
+    x = torch.randn(2, 8, device="npu", requires_grad=True)
+    h = torch.randn(2, 8, device="npu", requires_grad=True)
+    g1, g2 = torch.npu.make_graphed_callables((first, second), ((x,), (h,)))
+    for _ in range(2):
+        data = torch.randn(2, 8, device="npu")
+        g2(g1(data).relu()).square().sum().backward()
+        ref_second(ref_first(data).relu()).square().sum().backward()
+        for p, q in zip(list(first.parameters()) + list(second.parameters()),
+                        list(ref_first.parameters()) + list(ref_second.parameters())):
+            torch.testing.assert_close(p.grad, q.grad)    # the first's backward runs after the second's forward
+            p.grad = q.grad = None
+
+    def pair(inputs):                                  # nested arguments and outputs
+        a, b = inputs
+        return {"sum": a + b, "product": a * b}
+
+    a, b = torch.randn(3, device="npu"), torch.randn(3, device="npu")
+    graphed = torch.npu.make_graphed_callables(pair, ([a, b],))
+    c, d = torch.randn(3, device="npu"), torch.randn(3, device="npu")
+    out = graphed([c, d])
+    torch.testing.assert_close(out["sum"], c + d)
+    torch.testing.assert_close(out["product"], c * d)
+    with pytest.raises(TypeError, match="tensors only"):
+        torch.npu.make_graphed_callables(lambda t, k: t * k, ((a, 2.0),))
+
+
+def test_reduce_overhead_keeps_each_models_parameters_its_own():
+    import torch._dynamo
+    torch._dynamo.reset()
+    ma, mb = torch.nn.Linear(8, 8).npu(), torch.nn.Linear(8, 8).npu()
+    weights = ma.weight.detach().clone()
+    step = torch.compile(lambda m, x: torch.relu(m(x)), mode="reduce-overhead")
+    x = torch.randn(2, 8, device="npu")
+    with torch.no_grad():
+        for m in (ma, ma, ma, mb, mb, mb):
+            torch.testing.assert_close(step(m, x), torch.relu(m(x)))
+    assert torch.equal(ma.weight, weights)
+    torch._dynamo.reset()
+
+
+def test_npugraphs_backend_with_a_cpu_scalar_input_stays_correct():
+    import torch._dynamo
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, s: x * s, backend="npugraphs")
+    x = torch.ones(4, device="npu")
+    with pytest.warns(RuntimeWarning, match="cpu tensors"):
+        for i in range(4):
+            assert f(x, torch.tensor(i + 1.0)).tolist() == [i + 1.0] * 4
+    torch._dynamo.reset()
 
 
 def test_transfer_to_npu_names():

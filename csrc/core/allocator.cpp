@@ -1,4 +1,5 @@
 #include "allocator.h"
+#include "graph.h"
 
 #include <algorithm>
 #include <array>
@@ -793,6 +794,7 @@ class NPUCachingAllocator final : public c10::DeviceAllocator {
   c10::DeleterFnPtr raw_deleter() const override { return &deleteBlock; }
 
   void copy_data(void* dst, const void* src, std::size_t count) const override {
+    if (graph::recordCopy(currentDevice(), dst, src, count, runtime::CopyKind::DeviceToDevice)) return;
     auto& stream = currentRuntimeStream(currentDevice());
     stream.copy(dst, src, count, runtime::CopyKind::DeviceToDevice);
   }
@@ -1100,6 +1102,11 @@ void resizeStorageBytes(c10::StorageImpl* storage, std::size_t new_bytes) {
               "npu allocator does not own); clone() the tensor first");
   const auto device = storage->device().index();
   c10::DeviceGuard guard(storage->device());
+  if (C10_UNLIKELY(graph::currentStreamCapturing(device))) {
+    graph::refuseInCapture(device, currentStream(device).id(), "growing an npu tensor's storage (resize_)",
+                           "the copy of its old contents would run once, not at each replay; allocate it at its "
+                           "final size before the capture");
+  }
   const std::size_t old_bytes = storage->nbytes();
   c10::DataPtr fresh = g_allocator->allocate(new_bytes);
   if (old_bytes > 0 && new_bytes > 0) {

@@ -1,5 +1,7 @@
 #include "generator.h"
 
+#include <vector>
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <c10/util/CallOnce.h>
@@ -104,7 +106,15 @@ at::Generator newGenerator(c10::DeviceIndex device) {
   return at::make_generator<NPUGeneratorImpl>(device);
 }
 
+namespace {
+thread_local std::vector<at::Generator> t_prepared;
+}  // namespace
+
+PreparedDraw::PreparedDraw(at::Generator draw) { t_prepared.push_back(std::move(draw)); }
+PreparedDraw::~PreparedDraw() { t_prepared.pop_back(); }
+
 at::Generator drawFor(const std::optional<at::Generator>& generator, c10::DeviceIndex device) {
+  if (!t_prepared.empty() && !(generator.has_value() && generator->defined())) return t_prepared.back();
   const at::Generator& gen =
       generator.has_value() && generator->defined() ? *generator : defaultGenerator(device);
   TORCH_CHECK(gen.device().type() == kNPU, "expected an npu generator for an npu tensor, got a ",

@@ -39,6 +39,16 @@ at::Generator newGenerator(c10::DeviceIndex device);
 // The draw of one random kernel from `generator` (or from the device's default
 // generator when it is undefined): a CPU engine for the kernel alone.
 at::Generator drawFor(const std::optional<at::Generator>& generator, c10::DeviceIndex device);
+// While one lives on this thread, drawFor(no generator) returns `draw` (once per
+// PreparedDraw) instead of drawing from the default generator: a graph replay
+// draws on the host, at replay(), for kernels that draw inside (native_dropout).
+class PreparedDraw {
+ public:
+  explicit PreparedDraw(at::Generator draw);
+  ~PreparedDraw();
+  PreparedDraw(const PreparedDraw&) = delete;
+  PreparedDraw& operator=(const PreparedDraw&) = delete;
+};
 // Whether a schema argument is a `Generator?` (random ops).
 bool isGeneratorArgument(const c10::Argument& arg);
 

@@ -9,10 +9,12 @@
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "allocator.h"
 #include "device.h"
+#include "generator.h"
 #include "stream.h"
 #include "../runtime/tracing.h"
 
@@ -26,6 +28,7 @@ struct Capture {
   int64_t stream;
   std::string mode;
   std::thread::id thread;
+  std::string invalid;   // what invalidated it (a refused call), "" while it is valid
 };
 
 // Launches check `g_active` first: no lock and no lookup when nothing captures.
@@ -33,10 +36,27 @@ std::atomic<int> g_active{0};
 std::mutex g_mutex;
 std::vector<Capture> g_captures;
 thread_local int t_host_work_allowed = 0;
+struct StreamKey {
+  c10::DeviceIndex device;
+  int64_t stream;
+  bool operator==(const StreamKey& o) const { return device == o.device && stream == o.stream; }
+};
+struct StreamKeyHash {
+  std::size_t operator()(const StreamKey& k) const { return std::hash<int64_t>()(k.stream * 64 + k.device); }
+};
+std::unordered_map<const void*, StreamKey> g_event_capture;           // event -> capture it was recorded in
+std::unordered_map<StreamKey, StreamKey, StreamKeyHash> g_joined;    // stream -> capture it waited for
+std::atomic<int> g_joined_count{0};
+
+bool activeCapture(const StreamKey& key) {
+  return std::any_of(g_captures.begin(), g_captures.end(),
+                     [&](const Capture& c) { return c.device == key.device && c.stream == key.stream; });
+}
 
 const char* kRemedy =
     "do it before torch.npu.graph()/capture_begin() or after the capture ends (or capture with "
-    "capture_error_mode=\"relaxed\" when it does not depend on the captured work)";
+    "capture_error_mode=\"relaxed\" when it does not depend on the captured work). The capture is invalidated, "
+    "as on CUDA: end it (capture_end() raises, nothing is replayed) and capture again without it";
 
 // Node names live as long as the process: a profiler's activities keep the pointer.
 const char* intern(const char* name) {
@@ -67,12 +87,29 @@ bool currentStreamCapturing(c10::DeviceIndex device) {
 bool recordKernel(c10::DeviceIndex device, const char* name, const runtime::Kernel& kernel, std::size_t bytes) {
   if (g_active.load(std::memory_order_acquire) == 0) return false;
   device = resolveDevice(device);
+  refuseIfJoined(device, name);
   std::lock_guard<std::mutex> lock(g_mutex);
   Capture* c = captureOfCurrentStream(device);
   if (c == nullptr) return false;
   Graph::Node node;
   node.name = intern(name);
   node.kernel = kernel;
+  node.bytes = bytes;
+  c->graph->nodes_.push_back(std::move(node));
+  return true;
+}
+
+bool recordRandomKernel(c10::DeviceIndex device, const char* name, std::vector<c10::IValue> sources,
+                        RandomKernel kernel, std::size_t bytes) {
+  if (g_active.load(std::memory_order_acquire) == 0) return false;
+  device = resolveDevice(device);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  Capture* c = captureOfCurrentStream(device);
+  if (c == nullptr) return false;
+  Graph::Node node;
+  node.name = intern(name);
+  node.random = std::move(kernel);
+  node.sources = std::move(sources);
   node.bytes = bytes;
   c->graph->nodes_.push_back(std::move(node));
   return true;
@@ -85,7 +122,9 @@ bool recordCopy(c10::DeviceIndex device, void* dst, const void* src, std::size_t
   Capture* c = captureOfCurrentStream(device);
   if (c == nullptr) return false;
   Graph::Node node;
-  node.name = kind == runtime::CopyKind::HostToDevice ? "Memcpy HtoD" : "Memcpy DtoH";
+  node.name = kind == runtime::CopyKind::HostToDevice   ? "Memcpy HtoD"
+              : kind == runtime::CopyKind::DeviceToHost ? "Memcpy DtoH"
+                                                        : "Memcpy DtoD";
   node.dst = dst;
   node.src = src;
   node.bytes = n;
@@ -114,14 +153,80 @@ void checkNotCapturing(c10::DeviceIndex device, const char* what) {
   if (g_active.load(std::memory_order_acquire) == 0 || t_host_work_allowed > 0) return;
   device = resolveDevice(device);
   std::lock_guard<std::mutex> lock(g_mutex);
-  for (const auto& c : g_captures) {
+  for (auto& c : g_captures) {
     if (c.device != device || c.mode == "relaxed") continue;
     if (c.mode == "thread_local" && c.thread != std::this_thread::get_id()) continue;
+    if (c.invalid.empty()) c.invalid = what;
     TORCH_CHECK(false, what, " is not permitted while npu:", static_cast<int>(device), " captures a graph (stream ",
                 c.stream, ", capture_error_mode=\"", c.mode,
                 "\"): a captured graph replays device work only, and this waits for the device or runs on the "
-                "host; ", kRemedy, ". The capture was left: capture again without it.");
+                "host; ", kRemedy, ".");
   }
+}
+
+void eventRecorded(const void* event, c10::DeviceIndex device, int64_t stream_id) {
+  if (g_active.load(std::memory_order_acquire) == 0) return;   // (tags go when their capture ends)
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (activeCapture({device, stream_id})) {
+    g_event_capture[event] = {device, stream_id};
+  } else if (!g_event_capture.empty()) {
+    g_event_capture.erase(event);
+  }
+}
+
+void eventWaited(const void* event, c10::DeviceIndex device, int64_t stream_id) {
+  if (g_active.load(std::memory_order_acquire) == 0) return;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = g_event_capture.find(event);
+  if (it == g_event_capture.end() || !activeCapture(it->second) || activeCapture({device, stream_id})) return;
+  g_joined[{device, stream_id}] = it->second;
+  g_joined_count.store(static_cast<int>(g_joined.size()), std::memory_order_release);
+}
+
+void eventDestroyed(const void* event) {
+  if (g_active.load(std::memory_order_acquire) == 0) return;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_event_capture.erase(event);
+}
+
+void refuseIfJoined(c10::DeviceIndex device, const char* what) {
+  if (g_joined_count.load(std::memory_order_acquire) == 0) return;
+  device = resolveDevice(device);
+  const int64_t stream = currentStream(device).id();
+  StreamKey capture{};
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = g_joined.find({device, stream});
+    if (it == g_joined.end()) return;
+    if (!activeCapture(it->second)) {
+      g_joined.erase(it);
+      g_joined_count.store(static_cast<int>(g_joined.size()), std::memory_order_release);
+      return;
+    }
+    capture = it->second;
+  }
+  refuseInCapture(capture.device, capture.stream, std::string(what) + " on stream " + std::to_string(stream),
+                  "that stream waited for an event of the capturing stream " + std::to_string(capture.stream) +
+                  ", so this work belongs to the capture, but npu graphs capture one stream: it would run once, "
+                  "now, not at each replay; launch it on the capturing stream");
+}
+
+bool streamCapturing(c10::DeviceIndex device, int64_t stream_id) {
+  if (g_active.load(std::memory_order_acquire) == 0) return false;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return std::any_of(g_captures.begin(), g_captures.end(),
+                     [&](const Capture& c) { return c.device == device && c.stream == stream_id; });
+}
+
+void refuseInCapture(c10::DeviceIndex device, int64_t stream_id, const std::string& what, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    for (auto& c : g_captures) {
+      if (c.device == device && c.stream == stream_id && c.invalid.empty()) c.invalid = what;
+    }
+  }
+  TORCH_CHECK(false, what, " cannot be captured into an npu graph: ", why, ". The capture is invalidated: end it "
+              "(capture_end() raises, nothing is replayed) and capture again without it.");
 }
 
 Graph::Graph(bool /*keep_graph*/) {}   // the record is kept whatever keep_graph says: replay needs it
@@ -185,8 +290,9 @@ void Graph::captureBegin(c10::MempoolId_t pool, const std::string& mode) {
   mode_ = mode;
   thread_ = std::this_thread::get_id();
   nodes_.clear();
+  invalid_.clear();
   std::lock_guard<std::mutex> lock(g_mutex);
-  g_captures.push_back({this, device, stream, mode, thread_});
+  g_captures.push_back({this, device, stream, mode, thread_, ""});
   capturing_ = true;
   g_active.fetch_add(1, std::memory_order_release);
 }
@@ -194,6 +300,17 @@ void Graph::captureBegin(c10::MempoolId_t pool, const std::string& mode) {
 void Graph::leaveCapture() {
   {
     std::lock_guard<std::mutex> lock(g_mutex);
+    for (const auto& c : g_captures) {
+      if (c.graph == this) invalid_ = c.invalid;
+    }
+    const StreamKey mine{device_, stream_id_};
+    for (auto it = g_event_capture.begin(); it != g_event_capture.end();) {
+      it = it->second == mine ? g_event_capture.erase(it) : std::next(it);
+    }
+    for (auto it = g_joined.begin(); it != g_joined.end();) {
+      it = it->second == mine ? g_joined.erase(it) : std::next(it);
+    }
+    g_joined_count.store(static_cast<int>(g_joined.size()), std::memory_order_release);
     g_captures.erase(std::remove_if(g_captures.begin(), g_captures.end(),
                                     [this](const Capture& c) { return c.graph == this; }),
                      g_captures.end());
@@ -209,6 +326,11 @@ void Graph::captureEnd() {
   TORCH_CHECK(stream == stream_id_, "NPUGraph.capture_end: the current stream of npu:", static_cast<int>(device_),
               " is ", stream, ", not the capturing stream ", stream_id_, ": end the capture on the stream it began on");
   leaveCapture();
+  if (!invalid_.empty()) {
+    nodes_.clear();
+    TORCH_CHECK(false, "NPUGraph.capture_end: the capture was invalidated by ", invalid_,
+                ", which a graph cannot replay: nothing was captured; capture again without it");
+  }
   captured_ = true;
 }
 
@@ -219,26 +341,43 @@ void Graph::replay() {
               " is capturing: a replay cannot be captured into another graph");
   auto& stream = currentRuntimeStream(device_);
   // Consecutive kernels run as one launch; copies are the stream's own; host work
-  // runs here, in stream order, as it does eagerly.
+  // runs here, in stream order, as it does eagerly. Random kernels draw now, here.
+  auto isKernel = [](const Node& n) { return static_cast<bool>(n.kernel) || static_cast<bool>(n.random); };
   std::size_t i = 0;
   while (i < nodes_.size()) {
     const Node& node = nodes_[i];
     if (node.host) {
-      StreamHold hold(device_, "NPUGraph.replay");
-      node.host();
+      node.host();   // takes the GIL, then holds the stream (module.cpp): never the other way round
       ++i;
       continue;
     }
-    if (!node.kernel) {
+    if (!isKernel(node)) {
       translateRuntimeErrors("NPUGraph.replay", [&] { stream.copy(node.dst, node.src, node.bytes, node.kind); });
       ++i;
       continue;
     }
     std::size_t end = i;
     std::size_t bytes = 0;
-    while (end < nodes_.size() && nodes_[end].kernel) bytes += nodes_[end++].bytes;
+    while (end < nodes_.size() && isKernel(nodes_[end])) bytes += nodes_[end++].bytes;
     const Node* first = nodes_.data() + i;
     const std::size_t count = end - i;
+    std::shared_ptr<std::vector<std::vector<at::Generator>>> draws;
+    for (std::size_t k = 0; k < count; ++k) {
+      if (first[k].sources.empty()) continue;
+      if (!draws) draws = std::make_shared<std::vector<std::vector<at::Generator>>>(count);
+      for (const auto& source : first[k].sources) {
+        (*draws)[k].push_back(drawFor(source.isGenerator() ? std::optional<at::Generator>(source.toGenerator())
+                                                           : std::nullopt,
+                                      device_));
+      }
+    }
+    auto run = [first, draws](std::size_t k) {
+      if (first[k].random) {
+        first[k].random((*draws)[k]);
+      } else {
+        first[k].kernel();
+      }
+    };
     if (C10_UNLIKELY(runtime::tracing::enabled())) {
       // While a profiler records, each kernel is launched (and traced) on its own,
       // named by its op, under the replay's correlation id.
@@ -246,9 +385,9 @@ void Graph::replay() {
         translateRuntimeErrors("NPUGraph.replay", [&] {
           stream.launch(
               first[k].name,
-              [node = first + k] {
+              [run, k] {
                 at::AutoDispatchBelowADInplaceOrView below_autograd;
-                node->kernel();
+                run(k);
               },
               first[k].bytes);
         });
@@ -259,9 +398,9 @@ void Graph::replay() {
     translateRuntimeErrors("NPUGraph.replay", [&] {
       stream.launch(
           "npu.graph_replay",
-          [first, count] {
+          [run, count] {
             at::AutoDispatchBelowADInplaceOrView below_autograd;
-            for (std::size_t k = 0; k < count; ++k) first[k].kernel();
+            for (std::size_t k = 0; k < count; ++k) run(k);
           },
           bytes);
     });
@@ -277,6 +416,7 @@ void Graph::reset() {
   }
   nodes_.clear();
   captured_ = false;
+  invalid_.clear();
   if (holds_pool_) {
     holds_pool_ = false;
     allocator::releasePool(device_, pool_);

@@ -12,6 +12,8 @@
 #include <ATen/core/GraphImplInterface.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Device.h>
+#include <ATen/core/Generator.h>
+#include <ATen/core/ivalue.h>
 #include <c10/core/DispatchKeySet.h>
 
 #include <functional>
@@ -29,6 +31,13 @@ bool currentStreamCapturing(c10::DeviceIndex device);
 // The launch path: records `kernel` into the capture of this thread's current
 // stream of `device` and returns true, or returns false when it is not capturing.
 bool recordKernel(c10::DeviceIndex device, const char* name, const runtime::Kernel& kernel, std::size_t bytes);
+// A random kernel: `sources` are its draws (an npu Generator, or None for the
+// device's default one). At each replay they are drawn on the replaying thread,
+// in order, at replay() (as CUDA advances its philox offsets there), and handed
+// to the kernel.
+using RandomKernel = std::function<void(const std::vector<at::Generator>& draws)>;
+bool recordRandomKernel(c10::DeviceIndex device, const char* name, std::vector<c10::IValue> sources,
+                        RandomKernel kernel, std::size_t bytes);
 // The same for an asynchronous copy (pinned host memory <-> device).
 bool recordCopy(c10::DeviceIndex device, void* dst, const void* src, std::size_t n, runtime::CopyKind kind);
 
@@ -37,6 +46,24 @@ bool recordCopy(c10::DeviceIndex device, void* dst, const void* src, std::size_t
 // run at replay on the replaying thread, holding the stream (StreamHold), after
 // the replay's earlier work, as it runs eagerly. False: not capturing, run it now.
 bool recordHostWork(c10::DeviceIndex device, const char* name, std::function<void()> work);
+
+// Events and captures: an event recorded on a capturing stream is tagged with that
+// capture; another stream that waits for it joins the capture's work, and work
+// launched there while the capture lasts would run once, at capture time, not at
+// each replay: it is refused (npu graphs capture one stream). Waits of a capturing
+// stream, and events of the same stream, need nothing at replay: one stream keeps order.
+void eventRecorded(const void* event, c10::DeviceIndex device, int64_t stream_id);
+void eventWaited(const void* event, c10::DeviceIndex device, int64_t stream_id);
+void eventDestroyed(const void* event);
+// Raises (invalidating the capture) when this thread's current stream of `device`
+// joined a capture's work by waiting for one of its events. `what` names the work.
+void refuseIfJoined(c10::DeviceIndex device, const char* what);
+
+// Whether stream `stream_id` of `device` is capturing (any thread's).
+bool streamCapturing(c10::DeviceIndex device, int64_t stream_id);
+// Invalidates the capture of that stream and raises: `what` cannot be captured, `why`.
+[[noreturn]] void refuseInCapture(c10::DeviceIndex device, int64_t stream_id, const std::string& what,
+                                  const std::string& why);
 
 // Raises when `what` (a wait for the device or a stream, a host read, a host-run
 // op) would run while a capture forbids it: in "global" mode any capture on
@@ -91,6 +118,8 @@ class Graph final : public at::GraphImplInterface {
     const char* name = "";       // interned: traces keep the pointer past the graph
     runtime::Kernel kernel;      // empty for a copy and for host work
     std::function<void()> host;  // host work (recordHostWork)
+    RandomKernel random;         // a random kernel (recordRandomKernel) and its draws' sources
+    std::vector<c10::IValue> sources;
     std::size_t bytes = 0;
     void* dst = nullptr;         // a copy's
     const void* src = nullptr;
@@ -99,6 +128,7 @@ class Graph final : public at::GraphImplInterface {
   friend bool recordKernel(c10::DeviceIndex, const char*, const runtime::Kernel&, std::size_t);
   friend bool recordCopy(c10::DeviceIndex, void*, const void*, std::size_t, runtime::CopyKind);
   friend bool recordHostWork(c10::DeviceIndex, const char*, std::function<void()>);
+  friend bool recordRandomKernel(c10::DeviceIndex, const char*, std::vector<c10::IValue>, RandomKernel, std::size_t);
   void leaveCapture();
 
   std::vector<Node> nodes_;
@@ -109,6 +139,7 @@ class Graph final : public at::GraphImplInterface {
   bool captured_ = false;
   bool holds_pool_ = false;
   std::string mode_ = "global";
+  std::string invalid_;   // what invalidated the last capture
   std::thread::id thread_;
 };
 

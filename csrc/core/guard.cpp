@@ -85,10 +85,12 @@ struct NPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     TORCH_CHECK(e.device() == stream.device_index(), "an event created on npu:", e.device(),
                 " cannot be recorded on a stream of npu:", static_cast<int>(stream.device_index()));
     e.record(rt_stream);
+    graph::eventRecorded(*event, stream.device_index(), stream.id());
   }
   void block(void* event, const c10::Stream& stream) const override {
     if (event == nullptr) return;
     runtimeStream(stream).wait(asEvent(event));
+    graph::eventWaited(event, stream.device_index(), stream.id());
   }
   bool queryEvent(void* event) const override { return event == nullptr || asEvent(event).query(); }
   void synchronizeEvent(void* event) const override {
@@ -103,6 +105,10 @@ struct NPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return translateRuntimeErrors("Event.elapsed_time()", [&] { return asEvent(start).elapsedMs(asEvent(end)); });
   }
   void destroyEvent(void* event, c10::DeviceIndex /*device*/) const noexcept override {
+    try {
+      graph::eventDestroyed(event);
+    } catch (...) {  // NOLINT(bugprone-empty-catch): noexcept; the tag only matters while its capture lasts
+    }
     delete static_cast<runtime::Event*>(event);
   }
 };

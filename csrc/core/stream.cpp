@@ -103,6 +103,7 @@ thread_local std::vector<HeldStream> t_held;
 
 StreamHold::StreamHold(c10::DeviceIndex device, const char* where) : device_(resolveDevice(device)) {
   graph::checkNotCapturing(device_, where);
+  graph::refuseIfJoined(device_, where);
   stream_ = &currentRuntimeStream(device_);
   translateRuntimeErrors(where, [&] { stream_->acquire(); });
   t_held.push_back({device_, stream_->id()});

@@ -173,6 +173,62 @@ std::optional<c10::OperatorHandle> outVariant(const c10::OperatorHandle& op) {
   return it->second;
 }
 
+// Records `op` on `args` (npu tensors as aliases) into the capture of the current
+// stream: each replay runs it on its own copy of the stack. A random op's draws
+// (its generator arguments, or for one that draws inside, the default generator)
+// are taken at replay() and handed in. `targets`: the npu outputs a functional op
+// fills, for each of its returns (undefined for a returned argument).
+void recordCaptured(const c10::OperatorHandle& op, std::vector<c10::IValue> args,
+                    const std::vector<std::pair<size_t, c10::IValue>>& generators, c10::DispatchKeySet cpu_keys,
+                    c10::Device device, std::size_t bytes, std::vector<c10::IValue> targets) {
+  const char* name = op.operator_name().name.c_str();
+  auto copyResults = [targets](torch::jit::Stack& work) {
+    if (targets.empty()) return;
+    auto copy = [](const at::Tensor& target, const at::Tensor& result) {
+      if (target.defined() && result.defined() && result.data_ptr() != target.data_ptr()) target.copy_(result);
+    };
+    for (size_t r = 0, i = work.size() - targets.size(); r < targets.size(); ++r, ++i) {
+      if (targets[r].isTensor() && work[i].isTensor()) {
+        copy(targets[r].toTensor(), work[i].toTensor());
+      } else if (targets[r].isTensorList() && work[i].isTensorList()) {
+        const auto to = targets[r].toTensorVector();
+        const auto from = work[i].toTensorVector();
+        for (size_t k = 0; k < to.size() && k < from.size(); ++k) copy(to[k], from[k]);
+      }
+    }
+  };
+  std::vector<c10::IValue> sources;
+  std::vector<size_t> slots;
+  for (const auto& [i, g] : generators) {
+    slots.push_back(i);
+    sources.push_back(g);
+  }
+  const bool draws_inside = dispatch::isRandomWithoutGeneratorArgument(op);
+  if (draws_inside) sources.emplace_back();   // the default generator's draw, for the kernel to take
+  if (sources.empty()) {
+    launch(device.index(), name,
+           [op, args = std::move(args), cpu_keys, device, copyResults] {
+             auto work = args;
+             runCpuKernel(op, cpu_keys, &work, device.index());
+             copyResults(work);
+           },
+           bytes);
+    return;
+  }
+  graph::recordRandomKernel(
+      device.index(), name, std::move(sources),
+      [op, args = std::move(args), slots, draws_inside, cpu_keys, device, copyResults](
+          const std::vector<at::Generator>& draws) {
+        auto work = args;
+        for (size_t j = 0; j < slots.size(); ++j) work[slots[j]] = draws[j];
+        std::optional<PreparedDraw> inside;
+        if (draws_inside) inside.emplace(draws.back());
+        runCpuKernel(op, cpu_keys, &work, device.index());
+        copyResults(work);
+      },
+      bytes);
+}
+
 // An op the npu runs on the host thread, met while the current stream captures a
 // graph: the host cannot run it now (its inputs are computed only at replay), so
 // its outputs are allocated from the Meta kernel's geometry (from the graph's
@@ -184,11 +240,12 @@ void captureHostOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10:
   const std::string& name = schema.name();
   const size_t n = schema.arguments().size();
   const size_t begin = stack->size() - n;
+  const int64_t stream = currentStream(device.index()).id();
   const std::vector<c10::IValue> inputs(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
-  TORCH_CHECK(op.hasKernelForDispatchKey(c10::DispatchKey::Meta),
-              name, " cannot be captured into an npu graph: the npu runs it on the host and, without a Meta kernel, "
-              "the shape of its result is known only from the data. Run it before or after the capture. The "
-              "capture was left: capture again without it.");
+  if (!op.hasKernelForDispatchKey(c10::DispatchKey::Meta)) {
+    graph::refuseInCapture(device.index(), stream, name, "the npu runs it on the host and, without a Meta kernel, "
+                           "the shape of its result is known only from the data; run it before or after the capture");
+  }
   torch::jit::Stack meta;
   for (const auto& v : inputs) {
     meta.push_back(dispatch::mapTensors(v, [](const at::Tensor& t, bool) { return metaLike(t); }));
@@ -198,38 +255,49 @@ void captureHostOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10:
   } catch (const std::exception& e) {
     std::string why = e.what();
     why = why.substr(0, why.find('\n'));
-    TORCH_CHECK(false, name, " cannot be captured into an npu graph: the shape of its result depends on the data "
-                "(", why, "), which a replay cannot change. Run it before or after the "
-                "capture, or use an op of fixed output shape (torch.where instead of boolean indexing). The capture "
-                "was left: capture again without it.");
+    graph::refuseInCapture(device.index(), stream, name, "the shape of its result depends on the data (" + why +
+                           "), which a replay cannot change; run it before or after the capture, or use an op of "
+                           "fixed output shape (torch.where instead of boolean indexing)");
   }
-  // The results: an argument the op writes (in place, out=) is returned as itself;
-  // a new tensor is allocated now, on the capturing stream, from the graph's pool.
+  // The results: an argument the op writes (in place, out=) is returned as itself
+  // (it must have its result's shape already: a capture cannot resize it); a new
+  // tensor is allocated now, on the capturing stream, from the graph's pool.
   std::vector<c10::IValue> results;
-  std::vector<at::Tensor> fresh;   // npu tensors the recorded kernel fills, in return order
+  std::vector<c10::IValue> targets;   // per return: the aliases the kernel's results are copied into, or None
+  bool all_fresh = true;
   for (size_t r = 0; r < schema.returns().size(); ++r) {
     const auto* alias = schema.returns()[r].alias_info();
-    bool returned_argument = false;
+    std::optional<size_t> argument;
     if (alias != nullptr) {
       for (size_t a = 0; a < n; ++a) {
         const auto* arg_alias = schema.arguments()[a].alias_info();
         if (arg_alias != nullptr && *arg_alias == *alias) {
-          results.push_back(inputs[a]);
-          returned_argument = true;
+          argument = a;
           break;
         }
       }
     }
-    if (returned_argument) continue;
     const c10::IValue& shape = meta[r];
-    TORCH_CHECK(shape.isTensor() || shape.isTensorList(), name, " cannot be captured into an npu graph: it returns ",
-                shape.tagKind(), ", a value the host reads from the data. Run it before or after the capture. The "
-                "capture was left: capture again without it.");
-    results.push_back(dispatch::mapTensors(shape, [&](const at::Tensor& m, bool) {
-      at::Tensor out = at::empty_strided(m.sizes(), m.strides(), m.options().device(device));
-      fresh.push_back(out);
-      return out;
-    }));
+    if (argument) {
+      all_fresh = false;
+      const c10::IValue& given = inputs[*argument];
+      if (given.isTensor() && shape.isTensor() && given.toTensor().sizes() != shape.toTensor().sizes()) {
+        graph::refuseInCapture(device.index(), stream, name, "its out= tensor must be resized to the result's "
+                               "shape, which a captured graph cannot do; pass an out= tensor of the result's shape");
+      }
+      results.push_back(given);
+      targets.emplace_back();
+      continue;
+    }
+    if (!shape.isTensor() && !shape.isTensorList()) {
+      graph::refuseInCapture(device.index(), stream, name, std::string("it returns ") + shape.tagKind() +
+                             ", a value the host reads from the data; run it before or after the capture");
+    }
+    c10::IValue fresh = dispatch::mapTensors(shape, [&](const at::Tensor& m, bool) {
+      return at::empty_strided(m.sizes(), m.strides(), m.options().device(device));
+    });
+    results.push_back(fresh);
+    targets.push_back(dispatch::mapTensors(fresh, [](const at::Tensor& t, bool) { return cpuAlias(t); }));
   }
   std::vector<c10::IValue> args;
   std::vector<std::pair<size_t, c10::IValue>> generators;   // drawn at each replay: fresh numbers every time
@@ -247,43 +315,22 @@ void captureHostOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10:
       return cpuAlias(t);
     }));
   }
-  std::vector<at::Tensor> targets;
-  for (const auto& t : fresh) {
-    bytes += bytesOf(t);
-    targets.push_back(cpuAlias(t));
+  for (const auto& t : targets) {
+    dispatch::mapTensors(t, [&](const at::Tensor& alias, bool) {
+      bytes += bytesOf(alias);
+      return alias;
+    });
   }
   // Its out= overload writes the results in place: no host allocation and copy per replay.
-  const auto out = generators.empty() && results.size() == fresh.size() ? outVariant(op) : std::nullopt;
-  if (out) {
-    std::vector<c10::IValue> out_args = args;
-    for (const auto& t : targets) out_args.emplace_back(t);
-    launch(device.index(), op.operator_name().name.c_str(),
-           [op = *out, out_args = std::move(out_args), cpu_keys, device] {
-             auto work = out_args;
-             runCpuKernel(op, cpu_keys, &work, device.index());
-           },
-           bytes);
-    torch::jit::drop(*stack, n);
-    for (auto& v : results) stack->push_back(std::move(v));
-    return;
+  const auto out = generators.empty() && all_fresh ? outVariant(op) : std::nullopt;
+  bool single_tensors = true;
+  for (const auto& t : targets) single_tensors = single_tensors && t.isTensor();
+  if (out && single_tensors) {
+    for (const auto& t : targets) args.push_back(t);
+    recordCaptured(*out, std::move(args), {}, cpu_keys, device, bytes, {});
+  } else {
+    recordCaptured(op, std::move(args), generators, cpu_keys, device, bytes, std::move(targets));
   }
-  launch(device.index(), op.operator_name().name.c_str(),
-         [op, args, generators, targets, cpu_keys, device, returned = schema.returns().size()] {
-           auto work = args;
-           for (const auto& [i, g] : generators) work[i] = drawOf(g, device);
-           runCpuKernel(op, cpu_keys, &work, device.index());
-           size_t k = 0;
-           for (size_t i = work.size() - returned; i < work.size(); ++i) {
-             dispatch::mapTensors(work[i], [&](const at::Tensor& t, bool) {
-               if (k < targets.size() && !t.is_same(targets[k]) && t.data_ptr() != targets[k].data_ptr()) {
-                 targets[k].copy_(t);
-               }
-               ++k;
-               return t;
-             });
-           }
-         },
-         bytes);
   torch::jit::drop(*stack, n);
   for (auto& v : results) stack->push_back(std::move(v));
 }
@@ -505,15 +552,7 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
     return;
   }
   if (C10_UNLIKELY(capturing)) {
-    // A captured kernel runs at every replay: each run gets its own copy of the
-    // stack, and its random numbers are drawn then (fresh at every replay).
-    launch(device.index(), name,
-           [op, args = std::move(args), generators = std::move(generators), device] {
-             auto stack = args;
-             for (const auto& [i, g] : generators) stack[i] = drawOf(g, device);
-             runCpuKernel(op, kCPUKeys, &stack, device.index());
-           },
-           bytes);
+    recordCaptured(op, std::move(args), generators, kCPUKeys, device, bytes, {});
     return;
   }
   launch(device.index(), name,

@@ -212,8 +212,9 @@ void bindStreams(py::module_& m) {
         py::gil_scoped_acquire gil;
         delete p;
       });
-      npu::graph::recordHostWork(device, "compiled kernel", [call] {
-        py::gil_scoped_acquire gil;
+      npu::graph::recordHostWork(device, "compiled kernel", [call, device] {
+        py::gil_scoped_acquire gil;   // first the GIL, then the stream: a stream holder never waits for the GIL
+        npu::StreamHold hold(device, "NPUGraph.replay");
         call->first(*call->second);
       });
       return py::none();

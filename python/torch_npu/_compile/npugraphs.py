@@ -7,8 +7,9 @@ npu (``NPUGraphPolicy``, inductor's CUDA-graph policy hook).
 
 Either way each graph runs once eagerly (a warm-up: lazy initialisations), then is
 captured with torch.npu.graph on its inputs' shapes; later calls copy their inputs
-into the captured (static) inputs, except those whose memory never moves
-(parameters and buffers, inductor's static inputs), and replay. A call with new
+into the captured (static) inputs, except inductor's static inputs (parameters and
+buffers), whose memory is part of the key (another tensor there is another graph),
+and replay. The "npugraphs" backend copies every input. A call with new
 shapes captures again (one graph per shape set). A graph that mutates its inputs,
 or that cannot be captured (an op whose output shape depends on the data, a host
 read), runs as compiled without a graph, with one warning saying why.
@@ -26,8 +27,11 @@ def _mutates_inputs(gm):
     placeholders = {n for n in gm.graph.nodes if n.op == "placeholder"}
     for node in gm.graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-            schema = node.target._schema
-            for arg, value in zip(schema.arguments, node.args):
+            for arg in node.target._schema.arguments:
+                value = node.kwargs[arg.name] if arg.name in node.kwargs else None
+                if value is None and not arg.kwarg_only:
+                    index = node.target._schema.arguments.index(arg)
+                    value = node.args[index] if index < len(node.args) else None
                 if arg.alias_info is not None and arg.alias_info.is_write and value in placeholders:
                     return True
     return False
@@ -53,7 +57,16 @@ class _Replayer:
         if self.eager_because is not None or not any(
                 isinstance(t, torch.Tensor) and t.device.type == "npu" for t in inputs):
             return self.run(inputs)
-        key = _key(inputs)
+        if any(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in inputs):
+            # A cpu tensor (a scalar dynamo passes as a tensor) would be captured by value.
+            self.eager_because = "it takes cpu tensors, which a graph would capture by value"
+            warnings.warn(f"torch_npu npu graphs: the {self.name} graph runs without a graph: {self.eager_because}",
+                          RuntimeWarning, stacklevel=2)
+            return self.run(inputs)
+        # Static inputs keep their memory: another tensor there (another model's parameter)
+        # is another graph, never copied into the first one's.
+        key = (_key(inputs), tuple(inputs[i].data_ptr() for i in sorted(self.static) if i < len(inputs)
+                                   and isinstance(inputs[i], torch.Tensor)))
         entry = self.captured.get(key)
         if entry is None:
             if key not in self.warmed:          # first call on these shapes: no graph, a warm-up
@@ -67,8 +80,8 @@ class _Replayer:
                               f"{self.eager_because}", RuntimeWarning, stacklevel=2)
                 return self.run(inputs)
         graph, static_inputs, static_outputs = entry
-        for static, given in zip(static_inputs, inputs):
-            if isinstance(static, torch.Tensor) and static.data_ptr() != given.data_ptr():
+        for i, (static, given) in enumerate(zip(static_inputs, inputs)):
+            if i not in self.static and isinstance(static, torch.Tensor) and static.data_ptr() != given.data_ptr():
                 static.copy_(given)
         graph.replay()
         # The static outputs are overwritten by the next replay: the caller gets its own.

@@ -96,6 +96,10 @@ class graph:
     def __exit__(self, exc_type, exc, tb):
         try:
             self.npu_graph.capture_end()
+        except RuntimeError:
+            if exc_type is None:
+                raise
+            # The block raised (a refused call invalidated the capture): that error is the one to see.
         finally:
             self.stream_ctx.__exit__(exc_type, exc, tb)
         return False
@@ -104,114 +108,153 @@ class graph:
 def make_graphed_callables(callables, sample_args, num_warmup_iters: int = 3, allow_unused_input: bool = False,
                            pool=None):
     """torch.cuda.make_graphed_callables on the npu: each callable (a function or an
-    ``nn.Module``) runs forward and backward from graphs captured on ``sample_args``.
-    Inputs must keep the sample's shapes, dtypes and devices."""
+    ``nn.Module``) runs its forward and its backward from graphs captured on
+    ``sample_args`` (a tuple of tensors, or of nested tuples and lists of tensors, per
+    callable). Later calls must pass tensors of the samples' shapes, dtypes and devices.
+    Several callables share one memory pool: their forwards are captured in order, then
+    their backwards in reverse order, the order in which they run."""
     single = not isinstance(callables, tuple)
     if single:
         callables, sample_args = (callables,), (sample_args,)
-    if torch.is_autocast_enabled("npu"):
-        raise RuntimeError("torch.npu.make_graphed_callables: call it with autocast disabled (autocast's cache "
-                           "would keep tensors of the capture alive); autocast inside the callable is fine")
-    pool = graph_pool_handle() if pool is None else pool
-    graphed = []
+    if torch.is_autocast_enabled("npu") and torch.is_autocast_cache_enabled():
+        raise RuntimeError("torch.npu.make_graphed_callables: call it with autocast's cache disabled "
+                           "(torch.autocast('npu', cache_enabled=False)): the cache would keep tensors of the capture")
+    flat_samples, specs, params = [], [], []
     for fn, args in zip(callables, sample_args):
         if not isinstance(args, tuple):
-            raise TypeError("torch.npu.make_graphed_callables: sample_args must be a tuple of tensors per callable")
-        if isinstance(fn, torch.nn.Module) and (fn._forward_hooks or fn._forward_pre_hooks):
-            raise RuntimeError("torch.npu.make_graphed_callables: modules with hooks cannot be graphed (the hooks "
-                               "would run once, at capture)")
-        graphed.append(_graph_one(fn, args, num_warmup_iters, allow_unused_input, pool))
-    return graphed[0] if single else tuple(graphed)
+            raise TypeError("torch.npu.make_graphed_callables: sample_args must be a tuple per callable")
+        if isinstance(fn, torch.nn.Module):
+            if fn._backward_hooks or fn._forward_hooks or fn._forward_pre_hooks:
+                raise RuntimeError("torch.npu.make_graphed_callables: modules with hooks cannot be graphed (the "
+                                   "hooks would run once, at capture)")
+            if any(b.requires_grad for b in fn.buffers()):
+                raise RuntimeError("torch.npu.make_graphed_callables: modules with buffers that require grad cannot "
+                                   "be graphed")
+        flat, spec = torch.utils._pytree.tree_flatten(args)
+        for leaf in flat:
+            if not isinstance(leaf, torch.Tensor):
+                raise TypeError(f"torch.npu.make_graphed_callables: sample_args may hold tensors only (a graph "
+                                f"replays fixed values), got {type(leaf).__name__}")
+        flat_samples.append(tuple(flat))
+        specs.append(spec)
+        params.append(tuple(fn.parameters()) if isinstance(fn, torch.nn.Module) else ())
+    pool = graph_pool_handle() if pool is None else pool
+    # The samples are the static inputs; the parameters keep their memory.
+    statics = [flat + p for flat, p in zip(flat_samples, params)]
 
+    def run(i):
+        return torch.utils._pytree.tree_flatten(callables[i](*torch.utils._pytree.tree_unflatten(
+            list(flat_samples[i]), specs[i])))
 
-def _graph_one(fn, sample_args, warmup, allow_unused, pool):
-    params = tuple(fn.parameters()) if isinstance(fn, torch.nn.Module) else ()
-    inputs = tuple(a for a in sample_args if isinstance(a, torch.Tensor))
-    needs_grad = tuple(t for t in inputs + params if t.requires_grad)
+    def differentiable(i, outputs):
+        return tuple(o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad)
+
+    def needing_grad(i):
+        return tuple(t for t in statics[i] if t.requires_grad)
+
     side = torch.npu.Stream()
     side.wait_stream(torch.npu.current_stream())
-    with torch.npu.stream(side):                     # warm up: lazy initialisations happen outside the capture
-        for _ in range(warmup):
-            outs = _as_tuple(fn(*sample_args))
-            grads_out = tuple(torch.ones_like(o) for o in outs if o.requires_grad)
-            if needs_grad and grads_out:
-                torch.autograd.grad(tuple(o for o in outs if o.requires_grad), needs_grad, grads_out,
-                                    allow_unused=allow_unused)
-        del outs
+    with torch.npu.stream(side):                      # warm up: lazy initialisations happen outside the captures
+        for i in range(len(callables)):
+            for _ in range(num_warmup_iters):
+                outputs, _ = run(i)
+                outs, needs = differentiable(i, outputs), needing_grad(i)
+                if outs and needs:
+                    torch.autograd.grad(outs, needs, tuple(torch.ones_like(o) for o in outs),
+                                        allow_unused=allow_unused_input)
+            del outputs
     torch.npu.current_stream().wait_stream(side)
     torch.npu.synchronize()
 
-    static_inputs = tuple(a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
-                          for a in sample_args)
-    static_tensors = tuple(a for a in static_inputs if isinstance(a, torch.Tensor))
-    capture_needs = tuple(t for t in static_tensors + params if t.requires_grad)
-    forward_graph, backward_graph = NPUGraph(), NPUGraph()
-    with graph(forward_graph, pool=pool):
-        static_outputs = _as_tuple(fn(*static_inputs))
-    differentiable = tuple(o for o in static_outputs if o.requires_grad)
-    static_grad_outputs = tuple(torch.empty_like(o) for o in differentiable)
-    static_grad_inputs = ()
-    if capture_needs and differentiable:
-        with graph(backward_graph, pool=pool):
-            static_grad_inputs = torch.autograd.grad(differentiable, capture_needs, static_grad_outputs,
-                                                     allow_unused=allow_unused)
-    detached_outputs = tuple(o.detach() for o in static_outputs)
+    forward_graphs = [NPUGraph() for _ in callables]
+    backward_graphs = [NPUGraph() for _ in callables]
+    static_outputs, output_specs = [], []
+    for i in range(len(callables)):                   # forwards in order ...
+        with graph(forward_graphs[i], pool=pool):
+            outputs, spec = run(i)
+        static_outputs.append(tuple(outputs))
+        output_specs.append(spec)
+    static_grad_outputs = [None] * len(callables)
+    static_grad_inputs = [None] * len(callables)
+    for i in reversed(range(len(callables))):         # ... then backwards in reverse: the order they run in
+        outs, needs = differentiable(i, static_outputs[i]), needing_grad(i)
+        grad_outputs = tuple(torch.empty_like(o) for o in outs)
+        grads = ()
+        if outs and needs:
+            with graph(backward_graphs[i], pool=pool):
+                grads = torch.autograd.grad(outs, needs, grad_outputs, allow_unused=allow_unused_input)
+        by_input = iter(grads)
+        static_grad_inputs[i] = tuple(next(by_input) if t.requires_grad else None for t in statics[i])
+        static_grad_outputs[i] = grad_outputs
+
+    graphed = tuple(_graphed(callables[i], statics[i], len(flat_samples[i]), specs[i], static_outputs[i],
+                             output_specs[i], static_grad_outputs[i], static_grad_inputs[i],
+                             forward_graphs[i], backward_graphs[i])
+                    for i in range(len(callables)))
+    return graphed[0] if single else graphed
+
+
+def _graphed(fn, statics, n_inputs, spec, static_outputs, output_spec, static_grad_outputs, static_grad_inputs,
+             forward_graph, backward_graph):
+    """The callable that replays one callable's captured forward and backward."""
+    has_backward = any(g is not None for g in static_grad_inputs)
 
     class Graphed(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, *args):
-            for static, given in zip(static_tensors, args[:len(static_tensors)]):
+        def forward(ctx, *inputs):
+            for static, given in zip(statics, inputs):
                 if static.data_ptr() != given.data_ptr():
                     static.copy_(given)
             forward_graph.replay()
-            return tuple(o.detach() for o in detached_outputs)   # views of the static outputs, like CUDA's
+            return tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in static_outputs)
 
         @staticmethod
+        @torch.autograd.function.once_differentiable
         def backward(ctx, *grads):
-            if not capture_needs or not differentiable:
-                return tuple(None for _ in static_tensors + params)
+            if not has_backward:
+                return tuple(None for _ in statics)
             k = 0
-            for o, g in zip(static_outputs, grads):
-                if o.requires_grad:
-                    if g is None:
+            for output, grad in zip(static_outputs, grads):
+                if isinstance(output, torch.Tensor) and output.requires_grad:
+                    if grad is None:
                         static_grad_outputs[k].zero_()
-                    else:
-                        static_grad_outputs[k].copy_(g)
+                    elif grad.data_ptr() != static_grad_outputs[k].data_ptr():
+                        static_grad_outputs[k].copy_(grad)
                     k += 1
             backward_graph.replay()
-            by_tensor = dict(zip(map(id, capture_needs), static_grad_inputs))
-            return tuple(None if by_tensor.get(id(t)) is None else by_tensor[id(t)].detach().clone()
-                         for t in static_tensors + params)
+            # Copies: the next replay overwrites the static gradients, which .grad must not alias.
+            return tuple(None if g is None else g.detach().clone() for g in static_grad_inputs)
 
-    def run(*args):
-        tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
-        if len(tensors) != len(static_tensors):
-            raise TypeError(f"torch.npu.make_graphed_callables: the graphed callable takes {len(static_tensors)} "
-                            f"tensors, as its sample did; got {len(tensors)}")
-        for static, given in zip(static_tensors, tensors):
-            if given.shape != static.shape or given.dtype != static.dtype or given.device != static.device:
-                raise ValueError(f"torch.npu.make_graphed_callables: an input of shape {tuple(given.shape)} "
-                                 f"({given.dtype}, {given.device}) differs from the sample's "
-                                 f"{tuple(static.shape)} ({static.dtype}, {static.device}): a graph replays "
-                                 f"fixed shapes; graph the callable again for these")
-        outs = Graphed.apply(*tensors, *params)
-        return outs[0] if len(outs) == 1 else outs
+    samples = statics[:n_inputs]
+
+    def run(*args, **kwargs):
+        if kwargs:
+            raise TypeError("torch.npu.make_graphed_callables: a graphed callable takes positional arguments only")
+        flat, given_spec = torch.utils._pytree.tree_flatten(args)
+        if given_spec != spec:
+            raise TypeError(f"torch.npu.make_graphed_callables: the graphed callable takes arguments structured as "
+                            f"its sample ({spec}), got {given_spec}")
+        for static, given in zip(samples, flat):
+            if (not isinstance(given, torch.Tensor) or given.shape != static.shape or given.dtype != static.dtype
+                    or given.device != static.device):
+                what = (f"{tuple(given.shape)} ({given.dtype}, {given.device})" if isinstance(given, torch.Tensor)
+                        else type(given).__name__)
+                raise ValueError(f"torch.npu.make_graphed_callables: an input {what} differs from the sample's "
+                                 f"{tuple(static.shape)} ({static.dtype}, {static.device}): a graph replays fixed "
+                                 f"shapes; graph the callable again for these")
+        outputs = Graphed.apply(*flat, *statics[n_inputs:])
+        return torch.utils._pytree.tree_unflatten(list(outputs), output_spec)
 
     if isinstance(fn, torch.nn.Module):
-        eager_forward = fn.forward
+        eager_forward, graphed_training = fn.forward, fn.training
 
         def forward(*args, **kwargs):
             if fn.training == graphed_training and not kwargs:
                 return run(*args)
             return eager_forward(*args, **kwargs)
 
-        graphed_training = fn.training
         fn.forward = forward
         fn._npu_graphs = (forward_graph, backward_graph)   # kept alive with the module
         return fn
     run._npu_graphs = (forward_graph, backward_graph)
     return run
-
-
-def _as_tuple(x):
-    return x if isinstance(x, tuple) else (x,)
