@@ -161,9 +161,11 @@ def install() -> None:
                           reason="torch's reducer shares any non-CUDA storage through host memory and fails with "
                                  "a lost item and a hung consumer for npu memory: npu storages are refused as CUDA "
                                  "storages are")
-    _patches.patch(reducers, Event, reduce_event, GROUP, checked=("2.13",), expects=_patches.ABSENT,
-                   reason="torch.multiprocessing registers torch.cuda.Event's reducer only: torch.npu.Event "
-                          "(interprocess=True) is sent by its IPC handle as torch.cuda.Event is")
+    from .npu.streams import _InterprocessEvent
+    for cls in (Event, _InterprocessEvent):  # the pickler looks up the exact class
+        _patches.patch(reducers, cls, reduce_event, GROUP, checked=("2.13",), expects=_patches.ABSENT,
+                       reason="torch.multiprocessing registers torch.cuda.Event's reducer only: torch.npu.Event "
+                              "(interprocess=True) is sent by its IPC handle as torch.cuda.Event is")
 
 
 def ipc_collect():
