@@ -251,3 +251,11 @@ def test_an_interprocess_event_in_one_process():
 
 def test_the_capability_is_the_hals():
     assert torch_npu._C._ipc_supported(0)
+
+
+def test_the_readme_example_runs(run_python):
+    from pathlib import Path
+    example = Path(__file__).resolve().parent.parent / "examples" / "share_npu_tensors.py"
+    proc = run_python(f"import runpy; runpy.run_path({str(example)!r}, run_name='__main__')")
+    assert "producer reads [1.0, 1.0, 1.0, 1.0]" in proc.stdout
+    assert "npu memory allocated 0" in proc.stdout
