@@ -194,6 +194,26 @@ void bindStreams(py::module_& m) {
     return a.elapsedTime(b);
   });
   m.def("_stream_priority", [](int64_t id, int64_t d) { return npu::runtimeStream(unpackStream(id, d)).priority(); });
+  // Stream.npu_stream: the runtime's stream object, as an integer (CUDA's cudaStream_t);
+  // ExternalStream finds the stream of such a handle again.
+  m.def("_stream_handle", [](int64_t id, int64_t d) {
+    return reinterpret_cast<intptr_t>(&npu::runtimeStream(unpackStream(id, d)));
+  });
+  m.def("_stream_of_handle", [](intptr_t handle, int64_t d) -> int64_t {
+    auto& device = npu::runtimeDevice(npu::toDeviceIndex(d));
+    for (int64_t id = 0;; ++id) {
+      npu::runtime::Stream* stream = nullptr;
+      try {
+        stream = &device.stream(id);
+      } catch (const std::out_of_range&) {
+        break;
+      }
+      if (reinterpret_cast<intptr_t>(stream) == handle) return id;
+    }
+    throw py::value_error("torch.npu.ExternalStream: " + std::to_string(handle) + " is not the handle of a stream "
+                          "of npu:" + std::to_string(d) + " (Stream.npu_stream gives one); the npu runtime can only "
+                          "wrap its own streams");
+  });
   m.def("_set_stream", [](int64_t id, int64_t d) { npu::exchangeStream(unpackStream(id, d)); });
   // Compiled code (inductor's C++ kernels) runs on the calling thread as work of the
   // current stream: it holds the stream (after the work queued before it, before what

@@ -98,11 +98,16 @@ CUDA_NAMES = {
         "is_available": "()", "is_bf16_supported": "(including_emulation=True)", "is_initialized": "()",
         "mem_get_info": "(device=None)", "set_device": "(device)", "synchronize": "(device=None)",
         "get_sync_debug_mode": "()", "set_sync_debug_mode": "(debug_mode)",
+        "can_device_access_peer": "(device, peer_device)", "clock_rate": "(device=None)",
+        "device_memory_used": "(device=None)", "is_tf32_supported": "()", "list_gpu_processes": "(device=None)",
+        "memory_usage": "(device=None)", "power_draw": "(device=None)", "temperature": "(device=None)",
+        "utilization": "(device=None)", "has_half": "bool",
         "device": CLASS, "device_of": CLASS,
     },
     "streams and events": {
         "Stream": CLASS, "Event": CLASS, "StreamContext": CLASS, "current_stream": "(device=None)",
         "default_stream": "(device=None)", "set_stream": "(stream)", "stream": "(stream)",
+        "ExternalStream": CLASS, "get_stream_from_external": "(data_ptr, device=None)",
         "ipc_collect": "()",
     },
     "memory": {
@@ -119,6 +124,9 @@ CUDA_NAMES = {
         "host_memory_stats": "()", "host_memory_stats_as_nested_dict": "()",
         "reset_accumulated_host_memory_stats": "()", "reset_peak_host_memory_stats": "()",
     },
+    "legacy tensor types": {name: "class (metaclass tensortype)" for name in (
+        "BFloat16Tensor", "BoolTensor", "ByteTensor", "CharTensor", "DoubleTensor", "FloatTensor", "HalfTensor",
+        "IntTensor", "LongTensor", "ShortTensor")},
     "graphs": {
         "CUDAGraph": CLASS, "graph": CLASS, "graph_pool_handle": "()", "is_current_stream_capturing": "()",
         "make_graphed_callables": "(callables, sample_args, num_warmup_iters=3, allow_unused_input=False, pool=None)",
@@ -132,7 +140,7 @@ CUDA_NAMES = {
 NPU_NAMES = {"CUDAGraph": "NPUGraph"}
 # torch.cuda.amp's names that torch.npu.amp provides.
 CUDA_AMP_NAMES = {"autocast": CLASS, "GradScaler": CLASS, "custom_fwd": "(fwd=None, *, cast_inputs=None)",
-                  "custom_bwd": "(bwd)"}
+                  "custom_bwd": "(bwd)", "amp_definitely_not_available": "()"}
 # The helper that reads a device's index, (its module, its name), and the modules
 # that use it (imported by name): torch.npu's functions and classes, torch.accelerator's.
 DEVICE_INDEX_HELPERS = {

@@ -14,7 +14,16 @@ from ._device import (
     get_profile,
     get_soc_version,
     get_sync_debug_mode,
+    can_device_access_peer,
+    clock_rate,
+    device_memory_used,
     init,
+    is_tf32_supported,
+    list_gpu_processes,
+    memory_usage,
+    power_draw,
+    temperature,
+    utilization,
     list_profiles,
     is_available,
     is_initialized,
@@ -70,11 +79,19 @@ from .random import (
     set_rng_state,
     set_rng_state_all,
 )
-from .streams import Event, Stream, StreamContext, current_stream, default_stream, set_stream, stream
+from .streams import (  # noqa: E402
+    Event, ExternalStream, Stream, StreamContext, current_stream, default_stream, get_stream_from_external, set_stream,
+    stream,
+)
+from ._tensor_types import (  # noqa: E402  (the legacy typed tensors, as torch.cuda's)
+    BFloat16Tensor, BoolTensor, ByteTensor, CharTensor, DoubleTensor, FloatTensor, HalfTensor, IntTensor, LongTensor,
+    ShortTensor,
+)
 from .graphs import NPUGraph, graph, graph_pool_handle, is_current_stream_capturing, make_graphed_callables
 from . import amp  # noqa: E402
 from torch_npu._multiprocessing import ipc_collect  # noqa: E402  (torch.cuda.ipc_collect's)
 
+has_half = True   # float16 kernels, as torch.cuda.has_half
 OutOfMemoryError = torch.OutOfMemoryError  # what the npu allocator raises, as torch.cuda.OutOfMemoryError
 
 
@@ -106,6 +123,10 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 __all__ = [
+    "ExternalStream", "get_stream_from_external", "has_half",
+    "BFloat16Tensor", "BoolTensor", "ByteTensor", "CharTensor", "DoubleTensor", "FloatTensor", "HalfTensor",
+    "IntTensor", "LongTensor", "ShortTensor", "can_device_access_peer", "clock_rate", "device_memory_used",
+    "is_tf32_supported", "list_gpu_processes", "memory_usage", "power_draw", "temperature", "utilization",
     "get_sync_debug_mode", "set_sync_debug_mode",
     "ipc_collect",
     "NPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables",

@@ -128,6 +128,84 @@ class _NPUDeviceProperties:
                 f"vector_core_num={self.vector_core_num}, L2_cache_size={self.L2_cache_size // (1024 * 1024)}MB)")
 
 
+def can_device_access_peer(device: _DeviceLike, peer_device: _DeviceLike) -> bool:
+    """Whether ``device`` can read ``peer_device``'s memory directly: true for two distinct
+    emulated npus (one host memory), as for devices linked by HCCS on a real node."""
+    index, peer = _get_device_index(device, optional=False), _get_device_index(peer_device, optional=False)
+    _C._check_device_index(index)      # "invalid device", naming the count
+    _C._check_device_index(peer)
+    return index != peer
+
+
+def _busy(device: _DeviceLike) -> bool:
+    from .streams import current_stream, default_stream
+    return not (current_stream(device).query() and default_stream(device).query())
+
+
+def utilization(device: _DeviceLike = None) -> int:
+    """Percent of time the device was busy (torch.cuda.utilization's meaning). The emulator
+    samples now: 100 while the device's current or default stream has queued work, else 0."""
+    return 100 if _busy(device) else 0
+
+
+def memory_usage(device: _DeviceLike = None) -> int:
+    """Percent of time device memory was read or written (torch.cuda.memory_usage's meaning).
+    On the emulator only kernels touch it: the same sample as utilization()."""
+    return utilization(device)
+
+
+def temperature(device: _DeviceLike = None) -> int:
+    """The device's temperature in degrees C. The emulator has no sensor: 0."""
+    _get_device_index(device)
+    return 0
+
+
+def power_draw(device: _DeviceLike = None) -> int:
+    """The device's power draw in mW. The emulator has no sensor: 0."""
+    _get_device_index(device)
+    return 0
+
+
+def clock_rate(device: _DeviceLike = None) -> int:
+    """The device's clock in MHz: under a device profile, its cube units' clock, derived from
+    the profile's own figures (peak float16 = cube cores x 16x16x16 MACs x 2 x clock: 1800 for
+    Ascend910B2); 0 for the generic emulated npu."""
+    _get_device_index(device)
+    from .. import _profiles
+    chip = _profiles.active()
+    cores = chip.properties.get("cube_core_num") or chip.properties.get("ai_core_num")
+    if not chip.cost or not cores:
+        return 0
+    return round(chip.cost["cube_fp16_tflops"] * 1e12 / (cores * 16 ** 3 * 2) / 1e6)
+
+
+def device_memory_used(device: _DeviceLike = None) -> int:
+    """Bytes of device memory in use, by all processes (total minus free)."""
+    free, total = mem_get_info(device)
+    return total - free
+
+
+def list_gpu_processes(device: _DeviceLike = None) -> str:
+    """torch.cuda.list_gpu_processes' report for the npu. The emulated device is this
+    process's own: it lists this process and the memory its allocator holds."""
+    import os
+    from .memory import memory_reserved
+    index = _get_device_index(device, optional=True)
+    reserved = memory_reserved(index)
+    lines = [f"NPU:{index}"]
+    if reserved:
+        lines.append(f"process {os.getpid():>10d} uses {reserved / 1024 / 1024:12.3f} MB NPU memory")
+    else:
+        lines.append("no processes are running")
+    return "\n".join(lines)
+
+
+def is_tf32_supported() -> bool:
+    """Whether TF32 matmuls exist: not on the npu (its cube units take float16, bfloat16 and
+    float32 inputs; torch.backends' TF32 switches change nothing here)."""
+    return False
+
+
 _SYNC_DEBUG_MODES = {"default": 0, "warn": 1, "error": 2}
 
 

@@ -8,7 +8,12 @@ import functools
 
 import torch
 
-__all__ = ["GradScaler", "autocast", "custom_bwd", "custom_fwd"]
+__all__ = ["GradScaler", "amp_definitely_not_available", "autocast", "custom_bwd", "custom_fwd"]
+
+
+def amp_definitely_not_available() -> bool:
+    """Whether autocast on the npu cannot work here (torch.cuda.amp's question): no npu."""
+    return not torch.npu.is_available()
 
 
 class autocast(torch.amp.autocast_mode.autocast):  # noqa: N801  (torch.cuda.amp's name)

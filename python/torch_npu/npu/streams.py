@@ -40,6 +40,16 @@ class Stream(torch.Stream):
         """0 (normal) or -1 (high), as given when the stream was created."""
         return _C._stream_priority(self.stream_id, self.device_index)
 
+    @staticmethod
+    def priority_range() -> tuple:
+        """(lowest, highest) priority, as torch.cuda.Stream.priority_range(): (0, -1)."""
+        return (0, -1)
+
+    @property
+    def npu_stream(self) -> int:
+        """The runtime's stream, as an integer handle (torch.cuda.Stream.cuda_stream's counterpart)."""
+        return _C._stream_handle(self.stream_id, self.device_index)
+
     def wait_event(self, event: "Event") -> None:
         """Work queued on this stream later waits for ``event``."""
         event.wait(self)
@@ -55,6 +65,21 @@ class Stream(torch.Stream):
 
     def __repr__(self) -> str:
         return f"<torch.npu.Stream device=npu:{self.device_index} stream_id={self.stream_id}>"
+
+
+class ExternalStream(Stream):
+    """A stream given by its handle (``Stream.npu_stream``), as torch.cuda.ExternalStream: work
+    queued on it runs on that stream. The npu runtime wraps its own streams only."""
+
+    def __new__(cls, stream_ptr: int, device: Any = None, **kwargs):
+        index = _get_device_index(device)
+        stream_id = _C._stream_of_handle(int(stream_ptr), index)
+        return torch.Stream.__new__(cls, stream_id=stream_id, device_index=index, device_type=_C._device_type())
+
+
+def get_stream_from_external(data_ptr: int, device: Any = None) -> Stream:
+    """The stream of a handle (torch.cuda.get_stream_from_external): an ExternalStream."""
+    return ExternalStream(data_ptr, device)
 
 
 class Event(torch.Event):
@@ -86,6 +111,12 @@ class Event(torch.Event):
         """A handle another process opens with :meth:`from_ipc_handle` (``interprocess=True`` events only)."""
         raise RuntimeError("torch.npu.Event.ipc_handle: this event is not interprocess; create it with "
                            "torch.npu.Event(interprocess=True)")
+
+    @property
+    def npu_event(self) -> int:
+        """The runtime's event, as an integer handle (torch.cuda.Event.cuda_event's counterpart);
+        0 before the first record()."""
+        return self.event_id
 
     def record(self, stream: Optional[torch.Stream] = None) -> None:
         super().record(current_stream() if stream is None else stream)
