@@ -398,3 +398,17 @@ def test_a_graph_is_captured_and_replayed_under_the_doctor():
             g.replay()
             torch.testing.assert_close(static_y, model(static_x))
     assert d.run is not None and d.run.error is None
+
+
+def test_a_captured_pinned_copy_keeps_its_host_memory():
+    host = torch.arange(1024.0).pin_memory()
+    dst = torch.empty(1024, device="npu")
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g):
+        dst.copy_(host, non_blocking=True)
+    del host                                       # the graph keeps it: a new pin must not take its block
+    other = torch.full((1024,), -1.0).pin_memory()
+    g.replay()
+    torch.npu.synchronize()
+    assert dst.cpu().tolist() == torch.arange(1024.0).tolist()
+    del other

@@ -78,7 +78,7 @@ void copyHostToDevice(at::Tensor& dst, const at::Tensor& src, bool non_blocking)
   if (non_blocking && isPinned(src.const_data_ptr()) && isPlainCopy(dst, src)) {
     // Captured: a replay copies from the same pinned memory (the caller keeps it, as on CUDA).
     if (graph::recordCopy(device, dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src),
-                          runtime::CopyKind::HostToDevice)) {
+                          runtime::CopyKind::HostToDevice, src.storage())) {
       return;
     }
     // Stream-ordered: the pinned block is kept alive until the copy ran.
@@ -104,7 +104,7 @@ void copyDeviceToHost(at::Tensor& dst, const at::Tensor& src, bool non_blocking)
   c10::DeviceGuard guard(src.device());
   if (non_blocking && isPinned(dst.const_data_ptr()) && isPlainCopy(dst, src)) {
     if (graph::recordCopy(device, dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src),
-                          runtime::CopyKind::DeviceToHost)) {
+                          runtime::CopyKind::DeviceToHost, dst.storage())) {
       return;
     }
     auto& stream = currentRuntimeStream(device);

@@ -115,7 +115,8 @@ bool recordRandomKernel(c10::DeviceIndex device, const char* name, std::vector<c
   return true;
 }
 
-bool recordCopy(c10::DeviceIndex device, void* dst, const void* src, std::size_t n, runtime::CopyKind kind) {
+bool recordCopy(c10::DeviceIndex device, void* dst, const void* src, std::size_t n, runtime::CopyKind kind,
+                c10::Storage keep) {
   if (g_active.load(std::memory_order_acquire) == 0) return false;
   device = resolveDevice(device);
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -129,6 +130,7 @@ bool recordCopy(c10::DeviceIndex device, void* dst, const void* src, std::size_t
   node.src = src;
   node.bytes = n;
   node.kind = kind;
+  node.keep = std::move(keep);
   c->graph->nodes_.push_back(std::move(node));
   return true;
 }

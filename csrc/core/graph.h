@@ -15,6 +15,7 @@
 #include <ATen/core/Generator.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/DispatchKeySet.h>
+#include <c10/core/Storage.h>
 
 #include <functional>
 #include <string>
@@ -38,8 +39,11 @@ bool recordKernel(c10::DeviceIndex device, const char* name, const runtime::Kern
 using RandomKernel = std::function<void(const std::vector<at::Generator>& draws)>;
 bool recordRandomKernel(c10::DeviceIndex device, const char* name, std::vector<c10::IValue> sources,
                         RandomKernel kernel, std::size_t bytes);
-// The same for an asynchronous copy (pinned host memory <-> device).
-bool recordCopy(c10::DeviceIndex device, void* dst, const void* src, std::size_t n, runtime::CopyKind kind);
+// The same for an asynchronous copy (pinned host memory <-> device). `keep`: host
+// memory the copy reads or writes, kept alive as long as the graph (a freed pinned
+// block must not be reused while a replay may still copy from it).
+bool recordCopy(c10::DeviceIndex device, void* dst, const void* src, std::size_t n, runtime::CopyKind kind,
+                c10::Storage keep = {});
 
 // Host code that runs device work in stream order (inductor's generated C++
 // kernels, called from Python): recorded when the current stream captures, and
@@ -124,9 +128,10 @@ class Graph final : public at::GraphImplInterface {
     void* dst = nullptr;         // a copy's
     const void* src = nullptr;
     runtime::CopyKind kind = runtime::CopyKind::HostToDevice;
+    c10::Storage keep;           // a copy's pinned host memory
   };
   friend bool recordKernel(c10::DeviceIndex, const char*, const runtime::Kernel&, std::size_t);
-  friend bool recordCopy(c10::DeviceIndex, void*, const void*, std::size_t, runtime::CopyKind);
+  friend bool recordCopy(c10::DeviceIndex, void*, const void*, std::size_t, runtime::CopyKind, c10::Storage);
   friend bool recordHostWork(c10::DeviceIndex, const char*, std::function<void()>);
   friend bool recordRandomKernel(c10::DeviceIndex, const char*, std::vector<c10::IValue>, RandomKernel, std::size_t);
   void leaveCapture();
