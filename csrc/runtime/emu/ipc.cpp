@@ -156,6 +156,7 @@ EventPages& eventPages() {
 
 SharedArena::SharedArena(int device, std::size_t capacity)
     : capacity_((std::max<std::size_t>(capacity, kPage) + kPage - 1) / kPage * kPage) {
+  owner_ = static_cast<int>(getpid());
   fd_ = createFile("npu-emu-device" + std::to_string(device), capacity_, &dev_, &ino_);
   try {
     base_ = mapFile(fd_, capacity_, "the device's memory");
@@ -172,6 +173,7 @@ SharedArena::~SharedArena() {
 }
 
 void* SharedArena::allocate(std::size_t size) {
+  if (getpid() != owner_) return nullptr;  // a forked child: the file is its parent's memory
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < size) continue;
@@ -201,6 +203,7 @@ void SharedArena::free(void* ptr, std::size_t size) {
     }
   }
   free_.emplace(offset, size);
+  if (getpid() != owner_) return;  // a forked child: the pages are its parent's
   // The whole pages of the free range go back to the system.
   const std::size_t first = (offset + kPage - 1) / kPage * kPage;
   const std::size_t last = (offset + size) / kPage * kPage;

@@ -32,6 +32,8 @@ class SharedArena {
   SharedArena& operator=(const SharedArena&) = delete;
 
   // `size` bytes (a multiple of 64), or nullptr when no free range is large enough.
+  // A child forked from the owner shares the file: it gets nothing (nullptr)
+  // and its frees give no pages back, so it never changes the owner's memory.
   void* allocate(std::size_t size);
   // Gives back a range allocate() returned, of that size; whole free pages go
   // back to the system (a later user reads zeros).
@@ -43,6 +45,7 @@ class SharedArena {
   char* base_ = nullptr;
   std::size_t capacity_ = 0;
   int fd_ = -1;
+  int owner_ = 0;  // the process that made the file
   uint64_t dev_ = 0;
   uint64_t ino_ = 0;
   std::mutex mutex_;
