@@ -64,6 +64,26 @@ std::unique_ptr<Event> Device::openEvent(const std::string& /*handle*/) {
   throwUnsupported("opening an event of another process (Capabilities::interprocess)", typeid(*this));
 }
 
+std::size_t Device::virtualMemoryGranularity() const {
+  throwUnsupported("virtual memory (Capabilities::virtual_memory)", typeid(*this));
+}
+
+void* Device::reserveAddress(std::size_t /*size*/) {
+  throwUnsupported("reserving address space (Capabilities::virtual_memory)", typeid(*this));
+}
+
+bool Device::mapMemory(void* /*ptr*/, std::size_t /*size*/) {
+  throwUnsupported("mapping memory into reserved address space (Capabilities::virtual_memory)", typeid(*this));
+}
+
+void Device::unmapMemory(void* /*ptr*/, std::size_t /*size*/) {
+  throwUnsupported("unmapping memory from reserved address space (Capabilities::virtual_memory)", typeid(*this));
+}
+
+void Device::releaseAddress(void* /*base*/) {
+  throwUnsupported("releasing reserved address space (Capabilities::virtual_memory)", typeid(*this));
+}
+
 Stream& Device::createStream(int /*priority*/) {
   throwUnsupported("creating streams besides the default stream (Capabilities::multiple_streams)", typeid(*this));
 }

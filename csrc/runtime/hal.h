@@ -87,7 +87,10 @@ namespace npu::runtime {
 //   2: Capabilities, optional methods, the registry, the profiling duty stated.
 //   3: Capabilities::interprocess and its optional methods (exportMemory,
 //      openMemory, closeMemory, createInterprocessEvent, openEvent, ipcHandle).
-constexpr int kHalApiVersion = 3;
+//   4: Capabilities::virtual_memory and its optional methods
+//      (virtualMemoryGranularity, reserveAddress, mapMemory, unmapMemory,
+//      releaseAddress).
+constexpr int kHalApiVersion = 4;
 
 // A kernel is work executed in stream order. It may throw; the error is kept by
 // the stream and raised at the next synchronisation point, naming the kernel.
@@ -150,6 +153,14 @@ struct Capabilities {
   // the same memory. False: those methods throw Unsupported, and sending an
   // npu tensor to another process raises, naming the HAL.
   bool interprocess = false;
+  // Address space can be reserved without memory, and device memory committed
+  // to and taken back from parts of it (Device::virtualMemoryGranularity,
+  // reserveAddress, mapMemory, unmapMemory, releaseAddress), as CUDA's virtual
+  // memory management (cuMemAddressReserve, cuMemMap) allows: what the caching
+  // allocator's expandable segments need to grow a segment in place. False:
+  // those methods throw Unsupported, and expandable_segments:True warns once
+  // and allocates as with False.
+  bool virtual_memory = false;
 };
 
 // Thrown by an optional method that an implementation does not override.
@@ -347,6 +358,36 @@ class Device {
   // do not cross processes: the opener sees the mark complete.
   virtual std::unique_ptr<Event> createInterprocessEvent();
   virtual std::unique_ptr<Event> openEvent(const std::string& handle);
+
+  // Virtual memory: optional (Capabilities::virtual_memory). Who needs it: the
+  // caching allocator's expandable segments (section 6), one reservation per
+  // stream that grows in place by committing pages at its end.
+  //   virtualMemoryGranularity(): the page size; reservations, and the
+  //     offsets and sizes of maps and unmaps, are multiples of it.
+  //   reserveAddress(size): `size` bytes of address space (a multiple of the
+  //     granularity, non-zero), none of it committed (counted by neither
+  //     memoryInfo nor owns); nullptr when no address space is left.
+  //   mapMemory(ptr, size): commits device memory to [ptr, ptr + size), which
+  //     lies in one reservation and has no page committed yet; it counts
+  //     against the capacity as allocate() does: false, committing nothing,
+  //     when the device has no room (the allocator frees its cache and
+  //     retries). Committed memory is device memory like allocate()'s (owns()
+  //     is true for it, kernels and copies use it); its contents are
+  //     unspecified. A range outside a reservation, misaligned, or with a page
+  //     already committed throws std::invalid_argument and changes nothing.
+  //   unmapMemory(ptr, size): gives the committed pages of [ptr, ptr + size)
+  //     back to the device (memoryInfo's free grows; their contents are lost),
+  //     once their users' stream work completed (the caller's duty); every
+  //     page must be committed, else std::invalid_argument, nothing changed.
+  //   releaseAddress(base): gives back a reservation reserveAddress returned,
+  //     committed pages too; any other pointer throws std::invalid_argument.
+  // Committed pages of a reservation need not be exportable (exportMemory may
+  // throw std::invalid_argument saying so): the emulator's are not.
+  virtual std::size_t virtualMemoryGranularity() const;
+  virtual void* reserveAddress(std::size_t size);
+  virtual bool mapMemory(void* ptr, std::size_t size);
+  virtual void unmapMemory(void* ptr, std::size_t size);
+  virtual void releaseAddress(void* base);
 
   virtual Stream& defaultStream() = 0;
   // Optional (Capabilities::multiple_streams). A new stream, alive as long as

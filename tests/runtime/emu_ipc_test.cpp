@@ -68,5 +68,50 @@ TEST(EmuInterprocess, TheProtectedModeHasNoInterprocessMemory) {
   device.free(p);
 }
 
+// Expandable segments live in private reservations, apart from the shared file:
+// exporting them is refused with a message that says what to do.
+TEST(EmuInterprocess, ReservedMemoryIsNotExportedAndSaysWhy) {
+  EmuDevice device(0, 1 << 20, inlineConfig());
+  ASSERT_TRUE(device.capabilities().virtual_memory);
+  const std::size_t page = device.virtualMemoryGranularity();
+  auto* base = static_cast<char*>(device.reserveAddress(4 * page));
+  ASSERT_NE(base, nullptr);
+  ASSERT_TRUE(device.mapMemory(base, 2 * page));
+  try {
+    device.exportMemory(base + 100, nullptr);
+    ADD_FAILURE() << "exported reserved memory";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("expandable_segments:False"), std::string::npos) << e.what();
+  }
+  device.releaseAddress(base);
+}
+
+// Unmapped pages go back to the system: mapped again, they read zeros.
+TEST(EmuVirtualMemory, RemappedPagesAreFresh) {
+  EmuDevice device(0, 1 << 20, inlineConfig());
+  const std::size_t page = device.virtualMemoryGranularity();
+  auto* base = static_cast<char*>(device.reserveAddress(2 * page));
+  ASSERT_TRUE(device.mapMemory(base, 2 * page));
+  std::memset(base, 9, 2 * page);
+  device.unmapMemory(base, page);
+  ASSERT_TRUE(device.mapMemory(base, page));
+  EXPECT_EQ(base[0], 0);
+  EXPECT_EQ(base[page], 9);
+  device.releaseAddress(base);
+}
+
+TEST(EmuVirtualMemory, TheProtectedModeHasNoVirtualMemory) {
+  auto config = inlineConfig();
+  config.protect = true;
+  EmuDevice device(0, 1 << 20, config);
+  EXPECT_FALSE(device.capabilities().virtual_memory);
+  try {
+    device.reserveAddress(1 << 16);
+    ADD_FAILURE() << "reserved under NPU_EMU_PROTECT";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("NPU_EMU_PROTECT=1"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace npu::runtime

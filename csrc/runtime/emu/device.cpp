@@ -1,6 +1,7 @@
 #include "device.h"
 
 #include <cstdlib>
+#include <iterator>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -72,9 +73,8 @@ bool EmuDevice::owns(const void* ptr) const {
   const char* p = static_cast<const char*>(ptr);
   std::lock_guard<std::mutex> lock(memory_mutex_);
   auto it = allocations_.upper_bound(p);
-  if (it == allocations_.begin()) return false;
-  --it;
-  return p < it->first + it->second;
+  if (it != allocations_.begin() && p < std::prev(it)->first + std::prev(it)->second) return true;
+  return reservations_.committed(p);
 }
 
 Capabilities EmuDevice::capabilities() const {
@@ -85,6 +85,8 @@ Capabilities EmuDevice::capabilities() const {
   caps.timing_events = true;
   caps.stream_priorities = false;
   caps.interprocess = !config_.protect;  // protected memory is closed to the host, so to other processes too
+  // Reservations live apart from the protected arena, whose gate would not cover them.
+  caps.virtual_memory = !config_.protect;
   return caps;
 }
 
@@ -107,6 +109,12 @@ std::string EmuDevice::exportMemory(const void* ptr, std::size_t* offset) {
       return shared_->handle(it->first, it->second);
     }
   }
+  if (reservations_.reserved(p)) {
+    throw std::invalid_argument("npu:" + std::to_string(index_) + ": exportMemory: the memory is in an expandable "
+                                "segment (reserved address space, Device::mapMemory), which the npu emulator cannot "
+                                "share with another process; set expandable_segments:False in PYTORCH_NPU_ALLOC_CONF "
+                                "in the sending process, or send a tensor allocated without it");
+  }
   throw std::invalid_argument("npu:" + std::to_string(index_) +
                               ": exportMemory of a pointer outside this device's allocations");
 }
@@ -119,6 +127,48 @@ void* EmuDevice::openMemory(const std::string& handle) {
 void EmuDevice::closeMemory(void* base) {
   checkInterprocess("closing device memory of another process (Capabilities::interprocess)");
   closeSharedMemory(base);
+}
+
+void EmuDevice::checkVirtualMemory(const char* what) const {
+  if (config_.protect) {
+    throw Unsupported(std::string(what) + " is not supported by this HAL (the npu emulator with NPU_EMU_PROTECT=1, "
+                      "whose memory is one protected arena)");
+  }
+}
+
+std::size_t EmuDevice::virtualMemoryGranularity() const {
+  checkVirtualMemory("virtual memory (Capabilities::virtual_memory)");
+  return AddressReservations::kPage;
+}
+
+void* EmuDevice::reserveAddress(std::size_t size) {
+  checkVirtualMemory("reserving address space (Capabilities::virtual_memory)");
+  std::lock_guard<std::mutex> lock(memory_mutex_);
+  return reservations_.reserve(size);
+}
+
+bool EmuDevice::mapMemory(void* ptr, std::size_t size) {
+  checkVirtualMemory("mapping memory into reserved address space (Capabilities::virtual_memory)");
+  std::lock_guard<std::mutex> lock(memory_mutex_);
+  reservations_.check(ptr, size, false, "mapMemory", index_);
+  if (size > properties_.total_memory - used_) return false;
+  reservations_.commit(ptr, size);
+  used_ += size;
+  return true;
+}
+
+void EmuDevice::unmapMemory(void* ptr, std::size_t size) {
+  checkVirtualMemory("unmapping memory from reserved address space (Capabilities::virtual_memory)");
+  std::lock_guard<std::mutex> lock(memory_mutex_);
+  reservations_.check(ptr, size, true, "unmapMemory", index_);
+  reservations_.decommit(ptr, size);
+  used_ -= size;
+}
+
+void EmuDevice::releaseAddress(void* base) {
+  checkVirtualMemory("releasing reserved address space (Capabilities::virtual_memory)");
+  std::lock_guard<std::mutex> lock(memory_mutex_);
+  used_ -= reservations_.release(base, index_);
 }
 
 std::unique_ptr<Event> EmuDevice::createInterprocessEvent() {

@@ -11,6 +11,7 @@
 #include "ipc.h"
 #include "protection.h"
 #include "stream.h"
+#include "virtual_memory.h"
 
 namespace npu::runtime::emu {
 
@@ -30,6 +31,13 @@ class EmuDevice final : public Device {
   void closeMemory(void* base) override;
   std::unique_ptr<Event> createInterprocessEvent() override;
   std::unique_ptr<Event> openEvent(const std::string& handle) override;
+  // Capabilities::virtual_memory (virtual_memory.h), except under NPU_EMU_PROTECT.
+  // Committed pages count against the capacity; they cannot be exported.
+  std::size_t virtualMemoryGranularity() const override;
+  void* reserveAddress(std::size_t size) override;
+  bool mapMemory(void* ptr, std::size_t size) override;
+  void unmapMemory(void* ptr, std::size_t size) override;
+  void releaseAddress(void* base) override;
   // Host-addressable: the emulated device's memory is host memory. Priorities
   // are kept but do not schedule.
   Capabilities capabilities() const override;
@@ -52,7 +60,9 @@ class EmuDevice final : public Device {
   std::size_t used_ = 0;
   std::unique_ptr<ProtectedArena> arena_;  // NPU_EMU_PROTECT: the memory, closed to the host
   std::unique_ptr<SharedArena> shared_;    // otherwise: the memory, shareable with other processes
+  AddressReservations reservations_;      // virtual memory, under memory_mutex_
   void checkInterprocess(const char* what) const;
+  void checkVirtualMemory(const char* what) const;
 
   mutable std::mutex streams_mutex_;
   std::vector<std::unique_ptr<EmuStream>> streams_;  // index == stream id
