@@ -330,6 +330,10 @@ void Graph::captureEnd() {
   leaveCapture();
   if (!invalid_.empty()) {
     nodes_.clear();
+    if (holds_pool_) {   // nothing will replay: the pool's memory goes back
+      holds_pool_ = false;
+      allocator::releasePool(device_, pool_);
+    }
     TORCH_CHECK(false, "NPUGraph.capture_end: the capture was invalidated by ", invalid_,
                 ", which a graph cannot replay: nothing was captured; capture again without it");
   }

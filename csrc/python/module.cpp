@@ -253,7 +253,7 @@ void bindGraphs(py::module_& m) {
              g.captureBegin(c10::MempoolId_t(a, b), mode);
            },
            py::call_guard<py::gil_scoped_release>())
-      .def("capture_end", &Graph::captureEnd)
+      .def("capture_end", &Graph::captureEnd, py::call_guard<py::gil_scoped_release>())
       .def("replay", &Graph::replay)
       .def("reset", &Graph::reset, py::call_guard<py::gil_scoped_release>())
       .def("pool", [](const Graph& g) { auto p = g.pool(); return py::make_tuple(p.first, p.second); })
