@@ -545,11 +545,33 @@ def test_fallback_mode_is_parsed_the_same_from_python_and_the_environment(run_py
     ("NPU_HAL", "bogus", "NPU_HAL='bogus' is not a registered HAL; registered: emu"),
     ("NPU_FALLBACK_OPS", "exp,isn", "did you mean"),
     ("NPU_FALLBACK_ON_ERROR", "sure", "is not a switch"),
+    ("TASK_QUEUE_ENABLE", "7", "use 0, 1 or 2"),
+    ("ASCEND_LAUNCH_BLOCKING", "often", "is not a switch"),
 ])
 def test_bad_environment_values_fail_the_import_naming_the_variable(run_python, variable, value, expect):
     proc = run_python("import torch_npu", env={variable: value}, check=False)
     assert proc.returncode != 0, f"import succeeded with {variable}={value}"
     assert variable in proc.stderr and expect in proc.stderr, proc.stderr[-2000:]
+
+
+def test_the_ascend_adapters_switch_names_are_ours(run_python):
+    show = ("import os, torch, torch_npu; print(torch.npu.device_count(), os.environ.get('NPU_LAUNCH_BLOCKING'), "
+            "torch_npu.get_fallback_mode())")
+    assert last_line(run_python(show, env={"ASCEND_LAUNCH_BLOCKING": "1"})).split()[1] == "1"
+    assert last_line(run_python(show, env={"TORCH_NPU_FALLBACK_CPU_DISABLE": "1"})).split()[2] == "error"
+    # ASCEND_RT_VISIBLE_DEVICES masks devices as CUDA_VISIBLE_DEVICES: up to the first id that is not a device
+    for mask, count in (("1,3", "2"), ("2", "1"), ("0,7,1", "1"), ("9", "0"), ("3,3", "1")):
+        out = run_python(show, env={"NPU_EMU_DEVICES": "4", "ASCEND_RT_VISIBLE_DEVICES": mask})
+        assert last_line(out).split()[0] == count, (mask, out.stdout)
+    child = run_python("""
+        import subprocess, sys, torch, torch_npu
+        print(torch.npu.device_count(), subprocess.run([sys.executable, "-c",
+              "import torch, torch_npu; print(torch.npu.device_count())"], capture_output=True, text=True).stdout.strip())
+    """, env={"NPU_EMU_DEVICES": "4", "ASCEND_RT_VISIBLE_DEVICES": "2,3"})
+    assert last_line(child) == "2 2"               # a child process is not masked again
+    proc = run_python("import torch_npu", env={"ASCEND_LAUNCH_BLOCKING": "1", "NPU_LAUNCH_BLOCKING": "0"},
+                      check=False)
+    assert proc.returncode != 0 and "disagree" in proc.stderr
 
 
 def test_error_mode_messages_name_the_dtype_that_fell_back():

@@ -17,6 +17,9 @@ def _autoload():
 
 import torch  # noqa: E402
 
+from . import _ascend_env  # noqa: E402
+_ascend_env.apply()   # the Ascend adapter's switch names, before the runtime reads ours
+
 from . import _C, _patches  # noqa: E402
 _patches.record_host_allocator_redirect()  # _C wrapped the process's CPU allocator as it loaded
 
