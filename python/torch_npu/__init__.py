@@ -46,6 +46,7 @@ from ._custom_ops import register_npu_op  # noqa: E402
 from . import optim  # noqa: E402
 from . import profiler  # noqa: E402
 from ._attention import npu_fusion_attention  # noqa: E402
+from ._formats import Format, get_npu_format, npu_format_cast, npu_format_cast_  # noqa: E402
 from ._fused import (  # noqa: E402
     npu_add_rms_norm,
     npu_fused_add_matmul,

@@ -87,6 +87,7 @@ from ._tensor_types import (  # noqa: E402  (the legacy typed tensors, as torch.
     BFloat16Tensor, BoolTensor, ByteTensor, CharTensor, DoubleTensor, FloatTensor, HalfTensor, IntTensor, LongTensor,
     ShortTensor,
 )
+from ._ascend import config, get_option, is_jit_compile_false, set_compile_mode, set_option  # noqa: E402
 from .graphs import NPUGraph, graph, graph_pool_handle, is_current_stream_capturing, make_graphed_callables
 from . import amp  # noqa: E402
 from torch_npu._multiprocessing import ipc_collect  # noqa: E402  (torch.cuda.ipc_collect's)
@@ -123,6 +124,7 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 __all__ = [
+    "config", "get_option", "is_jit_compile_false", "set_compile_mode", "set_option",
     "ExternalStream", "get_stream_from_external", "has_half",
     "BFloat16Tensor", "BoolTensor", "ByteTensor", "CharTensor", "DoubleTensor", "FloatTensor", "HalfTensor",
     "IntTensor", "LongTensor", "ShortTensor", "can_device_access_peer", "clock_rate", "device_memory_used",
