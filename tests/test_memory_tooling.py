@@ -467,19 +467,18 @@ print(json.dumps([torch.npu.memory_reserved(), s["num_device_free"], s["num_allo
     assert kept == [54 * MiB, 0, 0]
 
 
-def test_page_size_alloc_conf_fallback_and_expandable_segments_warning():
+def test_page_size_alloc_conf_fallback():
     code = SETTINGS_SCRIPT + r"""
 x = torch.empty(30 * MiB, dtype=torch.uint8, device="npu")
 print(json.dumps([torch.npu.memory_reserved(), torch.npu.memory._snapshot()["allocator_settings"]["origin"]]))
 """
     proc = run_python(code, env={"NPU_EMU_MEMORY": "2GiB", "NPU_EMU_DEVICES": "1", "PYTORCH_NPU_ALLOC_CONF": None,
-                                 "PYTORCH_ALLOC_CONF": "page_size:1g,expandable_segments:True"})
+                                 "PYTORCH_ALLOC_CONF": "page_size:1g,expandable_segments:False"})
     # large-pool segments come in whole 1 GiB pages; PYTORCH_ALLOC_CONF is read without PYTORCH_NPU_ALLOC_CONF
     assert json.loads(last_line(proc)) == [1 << 30, "PYTORCH_ALLOC_CONF"]
-    assert "expandable_segments:True is accepted but not implemented" in proc.stderr
-    # PYTORCH_NPU_ALLOC_CONF comes first
+    # PYTORCH_NPU_ALLOC_CONF comes first; expandable segments grow by 2 MiB pages, page_size aside
     proc = run_python(code, env={"NPU_EMU_MEMORY": "2GiB", "NPU_EMU_DEVICES": "1",
-                                 "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:False",
+                                 "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
                                  "PYTORCH_ALLOC_CONF": "page_size:1g"})
     assert json.loads(last_line(proc)) == [30 * MiB, "PYTORCH_NPU_ALLOC_CONF"]
     assert "expandable_segments" not in proc.stderr

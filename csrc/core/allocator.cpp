@@ -52,6 +52,7 @@ struct Settings {
   std::array<std::size_t, kRoundupIntervals> divisions{};  // 0 or 1: 512-byte rounding only
   bool expandable_segments = false;
   std::size_t large_page = 0;  // page_size:1g rounds large-pool segments to 1 GiB
+  std::size_t expandable_page = 0;  // segment_size_mb: how much an expandable segment grows at least (0: 2 MiB)
   std::string origin;          // where the settings came from
   std::string text;            // as given
 };
@@ -146,6 +147,21 @@ int64_t nowMicros() {
 }
 
 struct PrivatePool;
+struct Block;
+
+// expandable_segments:True (CUDA's ExpandableSegment): the general large pool of a
+// stream takes its blocks from one reservation of address space (Device::reserveAddress)
+// in which device memory is mapped page by page where a request finds no free block,
+// and unmapped where whole pages are free at emptyCache(). Its blocks, mapped or not,
+// form one list in address order; unmapped ones are in no pool.
+struct ExpandableSegment {
+  char* base = nullptr;
+  std::size_t reserved = 0;  // address space
+  std::size_t page = 0;      // the unit of mapping: offsets and sizes of unmapped blocks are multiples
+  std::size_t mapped = 0;    // bytes mapped, counted in reserved_bytes
+  int64_t stream = 0;
+  Block* head = nullptr;     // the block at `base`
+};
 
 struct Block {
   char* ptr;
@@ -161,12 +177,15 @@ struct Block {
   uint64_t freed_at = 0;       // the allocator's allocation count when it was freed (age, for gc)
   Block* prev = nullptr;   // neighbours inside the same segment
   Block* next = nullptr;
+  bool mapped = true;      // false: address space of an expandable segment without memory
+  ExpandableSegment* expandable = nullptr;  // the expandable segment it lies in, if any
   std::vector<int64_t> stream_uses;
   std::shared_ptr<c10::GatheredContext> context;  // where it was allocated (when recorded)
 
   Block(char* p, std::size_t s, int64_t st, bool sm, PrivatePool* pl)
       : ptr(p), size(s), stream(st), small(sm), pool(pl) {}
-  bool isSplit() const { return prev != nullptr || next != nullptr; }
+  // Shares its segment's memory with another block (unmapped address space is not memory).
+  bool isSplit() const { return (prev != nullptr && prev->mapped) || (next != nullptr && next->mapped); }
   bool isFree() const { return !allocated && pending_events == 0; }
 };
 
@@ -220,25 +239,37 @@ class DeviceCache {
 
     Block* block = takeBestFit(pool, size, stream, for_host);
     if (block == nullptr) {
-      const std::size_t segment_size = segmentSize(size, small);
+      // Graph and user pools keep ordinary segments.
+      const bool expand = !small && private_pool == nullptr && expandableEnabled();
+      auto more = [&]() -> Block* {
+        if (expand) return growExpandable(size, stream, for_host, context);
+        const std::size_t segment_size = segmentSize(size, small);
+        void* memory = deviceAllocate(segment_size);
+        if (memory == nullptr) return nullptr;
+        return newSegment(static_cast<char*>(memory), segment_size, stream, small, private_pool, context);
+      };
       if (g_settings.gc_threshold > 0.0) collectGarbage();
-      void* memory = deviceAllocate(segment_size);
-      if (memory == nullptr) {
+      block = more();
+      if (block == nullptr) {
         // Out of device memory: give the cache back (once its work is done), retry.
         stats_.num_alloc_retries++;
         releaseCachedSegments(lock, generalAndFreeablePools());
         block = takeBestFit(pool, size, stream, for_host);
-        if (block == nullptr) memory = deviceAllocate(segment_size);
+        if (block == nullptr) block = more();
+      }
+      if (block == nullptr && expand && !refused_by_fraction_) {
+        // No run of the reservation is long enough (the device may still have room).
+        const std::size_t segment_size = segmentSize(size, small);
+        if (void* memory = deviceAllocate(segment_size)) {
+          block = newSegment(static_cast<char*>(memory), segment_size, stream, small, private_pool, context);
+        }
       }
       if (block == nullptr) {
-        if (memory == nullptr) {
-          stats_.num_ooms++;
-          std::size_t free_bytes = 0, total_bytes = 0;
-          rt().memoryInfo(&free_bytes, &total_bytes);
-          trace(TraceEntry::OOM, free_bytes, requested, stream, poolId(private_pool), context);
-          return nullptr;
-        }
-        block = newSegment(static_cast<char*>(memory), segment_size, stream, small, private_pool, context);
+        stats_.num_ooms++;
+        std::size_t free_bytes = 0, total_bytes = 0;
+        rt().memoryInfo(&free_bytes, &total_bytes);
+        trace(TraceEntry::OOM, free_bytes, requested, stream, poolId(private_pool), context);
+        return nullptr;
       }
     }
     splitIfWorthIt(block, size);
@@ -308,16 +339,16 @@ class DeviceCache {
   void releaseCachedSegments(std::unique_lock<std::mutex>& lock, const std::vector<Pool*>& pools) {
     processPendingEvents();
     std::vector<Block*> segments;
+    std::vector<Block*> expandable;  // free blocks of expandable segments: their whole pages are unmapped
     for (Pool* pool : pools) {
-      for (auto it = pool->begin(); it != pool->end();) {
-        if ((*it)->isSplit()) {
-          ++it;  // part of a segment still in use
-          continue;
-        }
-        segments.push_back(*it);
-        it = pool->erase(it);  // out of reach of other threads while we wait
+      for (Block* block : *pool) {
+        if (block->expandable != nullptr) expandable.push_back(block);
+        else if (!block->isSplit()) segments.push_back(block);  // else part of a segment still in use
       }
     }
+    // Out of reach of other threads while we wait.
+    for (Block* block : segments) poolOf(block).erase(block);
+    for (Block* block : expandable) removeFromPool(block);
     stats_.num_sync_all_streams++;
     lock.unlock();
     rt().drain();  // kernel errors stay pending for their own synchronisation point
@@ -328,6 +359,13 @@ class DeviceCache {
         continue;
       }
       freeSegment(block);
+    }
+    for (Block* block : expandable) {
+      if (!runtimeStream(block->stream).passed(block->free_position)) {
+        insertIntoPool(block);
+        continue;
+      }
+      unmapFreeBlock(block);
     }
     processPendingEvents();
     erasePoolsWithoutUse();
@@ -425,18 +463,8 @@ class DeviceCache {
       auto it = blocks.find(base);
       std::size_t covered = 0;
       for (Block* block = it == blocks.end() ? nullptr : it->second; block != nullptr; block = block->next) {
-        c10::CachingDeviceAllocator::BlockInfo b;
-        b.size = block->size;
-        b.requested_size = block->allocated ? block->requested : 0;
-        b.allocated = block->allocated;
-        b.active = block->allocated || block->pending_events > 0;
-        b.gc_counter = static_cast<int32_t>(allocations_ - block->freed_at);
-        b.context_when_allocated = block->allocated ? block->context : nullptr;
-        if (b.allocated) info.allocated_size += b.size;
-        if (b.active) info.active_size += b.size;
-        info.requested_size += b.requested_size;
-        covered += b.size;
-        info.blocks.push_back(std::move(b));
+        covered += block->size;
+        info.blocks.push_back(blockInfo(block, info));
       }
       if (covered < record.size) {  // being given back by another thread right now
         c10::CachingDeviceAllocator::BlockInfo rest;
@@ -445,6 +473,45 @@ class DeviceCache {
       }
       out.push_back(std::move(info));
     }
+    if (only != c10::MempoolId_t(0, 0)) return;
+    // An expandable segment shows each run of mapped memory as a segment, as CUDA's snapshot does.
+    for (auto& [stream, segment] : expandable_) {
+      bool open = false;
+      for (Block* block = segment->head; block != nullptr; block = block->next) {
+        if (!block->mapped) {
+          open = false;
+          continue;
+        }
+        if (!open) {
+          c10::CachingDeviceAllocator::SegmentInfo info;
+          info.device = device_;
+          info.address = reinterpret_cast<std::size_t>(block->ptr);
+          info.stream = reinterpret_cast<void*>(static_cast<intptr_t>(stream));
+          info.is_large = true;
+          info.is_expandable = true;
+          info.owner_private_pool_id = {0, 0};
+          out.push_back(std::move(info));
+          open = true;
+        }
+        auto& info = out.back();
+        info.total_size += block->size;
+        info.blocks.push_back(blockInfo(block, info));
+      }
+    }
+  }
+
+  c10::CachingDeviceAllocator::BlockInfo blockInfo(Block* block, c10::CachingDeviceAllocator::SegmentInfo& info) {
+    c10::CachingDeviceAllocator::BlockInfo b;
+    b.size = block->size;
+    b.requested_size = block->allocated ? block->requested : 0;
+    b.allocated = block->allocated;
+    b.active = block->allocated || block->pending_events > 0;
+    b.gc_counter = static_cast<int32_t>(allocations_ - block->freed_at);
+    b.context_when_allocated = block->allocated ? block->context : nullptr;
+    if (b.allocated) info.allocated_size += b.size;
+    if (b.active) info.active_size += b.size;
+    info.requested_size += b.requested_size;
+    return b;
   }
 
   void setFraction(double fraction) {
@@ -568,7 +635,8 @@ class DeviceCache {
     if (reserved <= threshold) return;
     std::vector<Block*> candidates;
     for (Block* block : large_) {
-      if (!block->isSplit() && runtimeStream(block->stream).passed(block->free_position)) {
+      if ((block->expandable != nullptr || !block->isSplit()) &&
+          runtimeStream(block->stream).passed(block->free_position)) {
         candidates.push_back(block);
       }
     }
@@ -576,6 +644,11 @@ class DeviceCache {
               [](const Block* a, const Block* b) { return a->freed_at < b->freed_at; });
     for (Block* block : candidates) {
       if (reserved <= threshold) break;
+      if (block->expandable != nullptr) {  // its whole pages are unmapped
+        removeFromPool(block);
+        reserved -= unmapFreeBlock(block);
+        continue;
+      }
       reserved -= block->size;
       large_.erase(block);
       freeSegment(block);
@@ -622,6 +695,7 @@ class DeviceCache {
                                     : size < g_settings.max_split_size && remaining > kSmallSize;
     if (!worth) return;
     auto* rest = new Block(block->ptr + size, remaining, block->stream, block->small, block->pool);
+    rest->expandable = block->expandable;
     rest->free_position = block->free_position;  // its memory's last use is the whole block's
     rest->freed_at = block->freed_at;
     rest->prev = block;
@@ -661,9 +735,10 @@ class DeviceCache {
   }
 
   void mergeNeighbour(Block* block, Block* neighbour) {
-    if (neighbour == nullptr || !neighbour->isFree()) return;
+    if (neighbour == nullptr || !neighbour->mapped || !neighbour->isFree()) return;
     removeFromPool(neighbour);
     if (neighbour == block->prev) {
+      if (block->expandable != nullptr && block->expandable->head == neighbour) block->expandable->head = block;
       block->ptr = neighbour->ptr;
       block->prev = neighbour->prev;
       if (block->prev != nullptr) block->prev->next = block;
@@ -689,6 +764,217 @@ class DeviceCache {
     }
   }
 
+  // ---- expandable segments ----
+
+  // expandable_segments:True and a HAL that can grow a segment (else a warning, once).
+  bool expandableEnabled() {
+    if (!g_settings.expandable_segments) return false;
+    if (virtual_memory_ < 0) {
+      virtual_memory_ = rt().capabilities().virtual_memory ? 1 : 0;
+      if (virtual_memory_ == 1) granularity_ = rt().virtualMemoryGranularity();
+    }
+    if (virtual_memory_ == 0) {
+      TORCH_WARN_ONCE("expandable_segments:True has no effect on npu:", static_cast<int>(device_), ": this HAL (",
+                      runtime::hal().name(), ") cannot grow a segment in place (Capabilities::virtual_memory is "
+                      "false, as under NPU_EMU_PROTECT=1); segments are allocated as with expandable_segments:False");
+      return false;
+    }
+    return true;
+  }
+
+  // The stream's expandable segment, made at first use: address space for 1 1/8 of the
+  // device's capacity (CUDA's choice: room to map pages at the end when holes are left
+  // unmapped in the middle). nullptr when no address space is left.
+  ExpandableSegment* expandableSegment(int64_t stream) {
+    auto it = expandable_.find(stream);
+    if (it != expandable_.end()) return it->second.get();
+    std::size_t free_bytes = 0, total_bytes = 0;
+    rt().memoryInfo(&free_bytes, &total_bytes);
+    const std::size_t page =
+        roundUp(g_settings.expandable_page != 0 ? g_settings.expandable_page : kLargeRounding, granularity_);
+    const std::size_t size = roundUp(total_bytes + total_bytes / 8 + 1, page);
+    void* base = rt().reserveAddress(size);
+    if (base == nullptr) return nullptr;
+    auto segment = std::make_unique<ExpandableSegment>();
+    segment->base = static_cast<char*>(base);
+    segment->reserved = size;
+    segment->page = page;
+    segment->stream = stream;
+    auto* all = new Block(segment->base, size, stream, false, nullptr);
+    all->mapped = false;
+    all->expandable = segment.get();
+    segment->head = all;
+    return expandable_.emplace(stream, std::move(segment)).first->second.get();
+  }
+
+  bool inPool(Block* block) { return poolOf(block).count(block) != 0; }
+
+  // Whether a block is mapped decides whether its neighbours count as split
+  // (inactive_split): those in a pool leave it while that changes.
+  std::vector<Block*> liftNeighbours(Block* block) {
+    std::vector<Block*> lifted;
+    for (Block* n : {block->prev, block->next}) {
+      if (n != nullptr && n->mapped && !n->allocated && inPool(n)) {
+        removeFromPool(n);
+        lifted.push_back(n);
+      }
+    }
+    return lifted;
+  }
+  void restoreNeighbours(const std::vector<Block*>& lifted) {
+    for (Block* n : lifted) insertIntoPool(n);
+  }
+
+  // Maps the first `size` bytes of the unmapped block `u`: returns the mapped block
+  // (free, in no pool), or nullptr when the device or the fraction refuses.
+  Block* mapPart(ExpandableSegment* segment, Block* u, std::size_t size,
+                 const std::shared_ptr<c10::GatheredContext>& context) {
+    const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
+    if (allowed_ != kNoLimit && reserved + size > allowed_) {
+      refused_by_fraction_ = true;
+      return nullptr;
+    }
+    if (!rt().mapMemory(u->ptr, size)) return nullptr;
+    const auto lifted = liftNeighbours(u);
+    Block* m = u;
+    if (size < u->size) {
+      m = new Block(u->ptr, size, u->stream, false, nullptr);
+      m->expandable = segment;
+      m->prev = u->prev;
+      m->next = u;
+      if (u->prev != nullptr) u->prev->next = m;
+      else segment->head = m;
+      u->prev = m;
+      u->ptr += size;
+      u->size -= size;
+    }
+    m->mapped = true;
+    m->free_position = 0;  // fresh memory: no work used it
+    m->freed_at = allocations_;
+    restoreNeighbours(lifted);
+    if (segment->mapped == 0) updateStat(stats_.segment, false, 1);
+    segment->mapped += size;
+    updateStat(stats_.reserved_bytes, false, static_cast<int64_t>(size));
+    stats_.num_device_alloc++;
+    trace(TraceEntry::SEGMENT_MAP, reinterpret_cast<std::size_t>(m->ptr), size, segment->stream, {0, 0}, context);
+    return m;
+  }
+
+  // A free block of at least `size` bytes in the stream's expandable segment (in no
+  // pool), made by mapping pages: the first unmapped range that, with the free blocks
+  // around it, is long enough; so growth at the end merges with a free block before it.
+  // nullptr when the device, the fraction or the address space refuses.
+  Block* growExpandable(std::size_t size, int64_t stream, bool for_host,
+                        const std::shared_ptr<c10::GatheredContext>& context) {
+    ExpandableSegment* segment = expandableSegment(stream);
+    if (segment == nullptr) return nullptr;
+    auto usable = [&](Block* b) {
+      return b != nullptr && b->mapped && b->isFree() && inPool(b) &&
+             (!for_host || runtimeStream(stream).passed(b->free_position));
+    };
+    for (Block* u = segment->head; u != nullptr; u = u->next) {
+      if (u->mapped) continue;
+      Block* start = usable(u->prev) ? u->prev : u;
+      std::size_t bytes = 0;
+      for (Block* c = start; c != nullptr && bytes < size && (!c->mapped || usable(c)); c = c->next) bytes += c->size;
+      if (bytes < size) continue;
+      Block* whole = nullptr;
+      for (Block* c = start; whole == nullptr || whole->size < size;) {
+        Block* piece = c;
+        if (c->mapped) {
+          removeFromPool(c);
+        } else {
+          const std::size_t have = whole == nullptr ? 0 : whole->size;
+          piece = mapPart(segment, c, std::min(c->size, roundUp(size - have, segment->page)), context);
+          if (piece == nullptr) {
+            if (whole != nullptr) insertIntoPool(whole);  // what was mapped stays cached
+            return nullptr;
+          }
+        }
+        c = piece->next;
+        if (whole == nullptr) {
+          whole = piece;
+        } else {  // piece follows whole
+          whole->size += piece->size;
+          whole->next = piece->next;
+          if (piece->next != nullptr) piece->next->prev = whole;
+          whole->free_position = std::max(whole->free_position, piece->free_position);
+          whole->freed_at = std::max(whole->freed_at, piece->freed_at);
+          delete piece;
+        }
+      }
+      return whole;
+    }
+    return nullptr;
+  }
+
+  // Unmaps the whole pages of a free block of an expandable segment (out of its pool,
+  // its work completed); the rest of it, at either end, goes back to the pool. Returns
+  // the bytes unmapped.
+  std::size_t unmapFreeBlock(Block* block) {
+    ExpandableSegment* segment = block->expandable;
+    const auto offset = static_cast<std::size_t>(block->ptr - segment->base);
+    char* lo = segment->base + roundUp(offset, segment->page);
+    char* hi = segment->base + (offset + block->size) / segment->page * segment->page;
+    if (hi <= lo) {
+      insertIntoPool(block);
+      return 0;
+    }
+    const auto size = static_cast<std::size_t>(hi - lo);
+    rt().unmapMemory(lo, size);
+    const auto lifted = liftNeighbours(block);
+    Block* head = nullptr;
+    Block* tail = nullptr;
+    if (lo > block->ptr) {
+      head = new Block(block->ptr, static_cast<std::size_t>(lo - block->ptr), block->stream, false, nullptr);
+      head->expandable = segment;
+      head->free_position = block->free_position;
+      head->freed_at = block->freed_at;
+      head->prev = block->prev;
+      head->next = block;
+      if (block->prev != nullptr) block->prev->next = head;
+      else segment->head = head;
+      block->prev = head;
+    }
+    if (block->ptr + block->size > hi) {
+      tail = new Block(hi, static_cast<std::size_t>(block->ptr + block->size - hi), block->stream, false, nullptr);
+      tail->expandable = segment;
+      tail->free_position = block->free_position;
+      tail->freed_at = block->freed_at;
+      tail->next = block->next;
+      tail->prev = block;
+      if (block->next != nullptr) block->next->prev = tail;
+      block->next = tail;
+    }
+    block->ptr = lo;
+    block->size = size;
+    block->mapped = false;
+    // Unmapped neighbours become one block.
+    if (Block* prev = block->prev; prev != nullptr && !prev->mapped) {
+      block->ptr = prev->ptr;
+      block->size += prev->size;
+      block->prev = prev->prev;
+      if (prev->prev != nullptr) prev->prev->next = block;
+      else segment->head = block;
+      delete prev;
+    }
+    if (Block* next = block->next; next != nullptr && !next->mapped) {
+      block->size += next->size;
+      block->next = next->next;
+      if (next->next != nullptr) next->next->prev = block;
+      delete next;
+    }
+    if (head != nullptr) insertIntoPool(head);
+    if (tail != nullptr) insertIntoPool(tail);
+    restoreNeighbours(lifted);
+    segment->mapped -= size;
+    if (segment->mapped == 0) updateStat(stats_.segment, false, -1);
+    updateStat(stats_.reserved_bytes, false, -static_cast<int64_t>(size));
+    stats_.num_device_free++;
+    trace(TraceEntry::SEGMENT_UNMAP, reinterpret_cast<std::size_t>(lo), size, segment->stream, {0, 0}, nullptr);
+    return size;
+  }
+
   const c10::DeviceIndex device_;
   Pool small_;
   Pool large_;
@@ -705,6 +991,9 @@ class DeviceCache {
   double fraction_ = 1.0;
   std::size_t allowed_ = kNoLimit;
   bool refused_by_fraction_ = false;
+  std::map<int64_t, std::unique_ptr<ExpandableSegment>> expandable_;  // by stream: the general large pool's
+  int virtual_memory_ = -1;  // Capabilities::virtual_memory, asked once: -1 not yet
+  std::size_t granularity_ = 1;
 };
 
 // "allocated_bytes.all.current", "num_ooms", ...: the keys torch.cuda.memory_stats()
@@ -1302,10 +1591,6 @@ std::vector<std::string> setAllocatorSettings(const std::string& config, const s
       next.divisions = parseDivisions(origin, value);
     } else if (key == "expandable_segments") {
       next.expandable_segments = parseBool(origin, key, value);
-      if (next.expandable_segments) {
-        notes.push_back(origin + ": expandable_segments:True is accepted but not implemented on the emulated npu "
-                        "(its HAL cannot grow a segment in place): segments are allocated as with False");
-      }
     } else if (key == "page_size") {
       TORCH_CHECK_VALUE(value == "1g" || value == "1G", origin, ": page_size:", value,
                         " is not valid; page_size takes 1g (1 GiB pages for the large pool)");
@@ -1331,9 +1616,10 @@ std::vector<std::string> setAllocatorSettings(const std::string& config, const s
                         "pin_memory_expandable_segments and pinned_mem_register");
     }
   }
-  if (segment_size_mb != 0 || base_addr_given) {
-    notes.push_back(origin + ": segment_size_mb and base_addr_aligned_kb apply to expandable segments, which the " +
-                    "emulated npu does not implement: they have no effect");
+  if (segment_size_mb != 0) next.expandable_page = segment_size_mb * kMiB;
+  if (base_addr_given) {
+    notes.push_back(origin + ": base_addr_aligned_kb is accepted but has no effect: an expandable segment's " +
+                    "address is the HAL's reservation's");
   }
   next.origin = origin;
   next.text = config;
