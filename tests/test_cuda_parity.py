@@ -76,6 +76,15 @@ def test_the_readme_lists_what_is_cuda_only_and_not_yet():
     assert not missing, missing
 
 
+def test_the_amp_and_comm_modules_have_torch_cudas_names():
+    import torch.cuda.comm
+    for cuda_module, npu_module in ((torch.cuda.amp, torch.npu.amp), (torch.cuda.comm, torch.npu.comm)):
+        names = getattr(cuda_module, "__all__", None) or [n for n in dir(cuda_module) if not n.startswith("_")
+                                                            and callable(getattr(cuda_module, n))]
+        missing = [n for n in names if not hasattr(npu_module, n)]
+        assert not missing, (cuda_module.__name__, missing)
+
+
 def test_sync_debug_and_device_information():
     assert torch.npu.get_sync_debug_mode() == 0
     assert torch.npu.has_half and not torch.npu.is_tf32_supported()

@@ -64,6 +64,8 @@ from .fallback import (  # noqa: E402
 from .fallback import _install as _install_fallback  # noqa: E402
 
 _install_fallback()
+from .npu import comm as _comm  # noqa: E402
+_comm.install()   # nn.DataParallel over npu devices: torch.nn.parallel.comm for npu tensors
 
 from . import _compile  # noqa: E402
 from ._compile.backend import compile  # noqa: E402

@@ -90,6 +90,7 @@ from ._tensor_types import (  # noqa: E402  (the legacy typed tensors, as torch.
 from ._ascend import config, get_option, is_jit_compile_false, set_compile_mode, set_option  # noqa: E402
 from .graphs import NPUGraph, graph, graph_pool_handle, is_current_stream_capturing, make_graphed_callables
 from . import amp  # noqa: E402
+from . import comm  # noqa: E402  (torch.npu.comm, as torch.cuda.comm)
 from torch_npu._multiprocessing import ipc_collect  # noqa: E402  (torch.cuda.ipc_collect's)
 
 has_half = True   # float16 kernels, as torch.cuda.has_half
