@@ -43,27 +43,57 @@ from torch.profiler import (  # noqa: F401  (the public names of torch.profiler)
     record_function,
     schedule,
     supported_activities,
-    tensorboard_trace_handler,
 )
 
 from .. import _patches
 from . import _analyse
 from ._analyse import Analysis, analyse, set_projection_target  # noqa: F401
+from ._ascend_export import export_ascend, tensorboard_trace_handler  # noqa: F401
+from .experimental_config import (  # noqa: F401  (the Ascend adapter's names)
+    AiCMetrics,
+    ExportType,
+    ProfilerLevel,
+    _ExperimentalConfig,
+    supported_ai_core_metrics,
+    supported_export_type,
+    supported_profiler_level,
+)
 
 GROUP = "profiler"
 
 __all__ = ["profile", "ProfilerActivity", "ProfilerAction", "schedule", "tensorboard_trace_handler",
-           "record_function", "supported_activities", "analyse", "Analysis", "set_projection_target"]
+           "record_function", "supported_activities", "analyse", "Analysis", "set_projection_target",
+           "export_ascend", "_ExperimentalConfig", "ProfilerLevel", "AiCMetrics", "ExportType",
+           "supported_profiler_level", "supported_ai_core_metrics", "supported_export_type"]
 
 
 class profile(torch.profiler.profile):
     """``torch.profiler.profile``; also samples npu memory at each ``step()``
     (``step_memory``: (step, allocated bytes, reserved bytes)), which
-    ``analyse`` reads for memory growth across steps."""
+    ``analyse`` reads for memory growth across steps.
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    ``experimental_config`` takes PyTorch's ``torch._C._profiler._ExperimentalConfig`` or
+    the Ascend adapter's ``torch_npu.profiler._ExperimentalConfig`` (held as
+    ``npu_experimental_config``; its ``record_op_args`` records shapes). The Ascend
+    adapter's Text export is written by ``tensorboard_trace_handler(dir)`` as
+    ``on_trace_ready`` or by ``export_ascend(dir)``."""
+
+    def __init__(self, *args, experimental_config=None, **kwargs):
+        self.npu_experimental_config = None
+        if isinstance(experimental_config, _ExperimentalConfig):
+            self.npu_experimental_config = experimental_config
+            if experimental_config.record_op_args:
+                kwargs["record_shapes"] = True
+            experimental_config = None
+        super().__init__(*args, experimental_config=experimental_config, **kwargs)
         self.step_memory = []
+        self.npu_ascend_output = None   # the last Text export's directory
+
+    def export_ascend(self, dir_name, worker_name=None):
+        """Writes the Ascend adapter's Text export of this finished profile under ``dir_name``
+        (``<worker>_<timestamp>_ascend_pt/ASCEND_PROFILER_OUTPUT/``); returns its directory."""
+        self.npu_ascend_output = export_ascend(self, dir_name, worker_name)
+        return self.npu_ascend_output
 
     def _sample_memory(self):
         if torch.npu.is_initialized():
