@@ -7,7 +7,12 @@ torch.library) the comparison flags that API and none before it.
 
 Each dump runs in its own process (this file, run as a script): msprobe patches torch's
 API table process-wide while it dumps, and names a dump's folder after the process.
+
+The Ascend adapter's names msprobe calls besides torch.npu's usual ones are tested here too,
+with or without msprobe: torch_npu.utils.storage._rebuild_npu_tensor (it allows it in
+torch.load(weights_only=True)) and the overflow-status names of its overflow check.
 """
+import collections
 import csv
 import glob
 import json
@@ -16,13 +21,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
-try:
-    import msprobe  # noqa: F401
-    from msprobe.pytorch import PrecisionDebugger  # noqa: F401
-except Exception as error:  # not installed, or it cannot import on this torch
-    pytest.skip(f"mindstudio-probe (msprobe) cannot be imported: {error!r}; "
-                f"`pip install mindstudio-probe` (make test installs it)", allow_module_level=True)
+import torch_npu
 
 HERE = os.path.abspath(__file__)
 
@@ -133,7 +134,17 @@ def _api(row):
 
 
 @pytest.fixture(scope="module")
-def dumps(tmp_path_factory):
+def msprobe_imports():
+    """msprobe importable in a fresh process (importing it here could change this process's torch)."""
+    probe = subprocess.run([sys.executable, "-c", "import torch_npu; from msprobe.pytorch import PrecisionDebugger"],
+                           capture_output=True, text=True, timeout=120)
+    if probe.returncode != 0:
+        pytest.skip("mindstudio-probe (msprobe) cannot be imported (`pip install mindstudio-probe`; make test "
+                    f"installs it): {probe.stderr.strip().splitlines()[-1:]}")
+
+
+@pytest.fixture(scope="module")
+def dumps(msprobe_imports, tmp_path_factory):
     root = tmp_path_factory.mktemp("msprobe")
     return {name: _dump(device, root / name, plant)
             for name, device, plant in (("npu", "npu", False), ("cpu", "cpu", False), ("planted", "npu", True))}, root
@@ -184,6 +195,73 @@ def test_compare_finds_the_planted_wrong_op(dumps):
     gelu_input = next(r for r in rows if r["NPU Name"] == "Functional.gelu.0.forward.input.0")
     assert gelu_input["Result"] == "pass" and _num(gelu_input["Cosine"]) > 0.99999, gelu_input
     assert all(r["Result"] == "pass" for r in rows[:rows.index(first)])
+
+
+# --- the Ascend adapter's names that msprobe calls -------------------------------------------------------------
+
+class _LegacyNpuTensor:
+    """Pickles as the Ascend adapter did for torch before 2.1: through _rebuild_npu_tensor."""
+
+    def __init__(self, values, npu_storage_info):
+        self.values, self.info = values, npu_storage_info
+
+    def __reduce_ex__(self, protocol):
+        from torch_npu.utils.storage import _rebuild_npu_tensor
+        v = self.values
+        return (_rebuild_npu_tensor, (v.storage(), v.storage_offset(), v.size(), v.stride(),
+                                      True, collections.OrderedDict(), self.info))
+
+
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
+@pytest.mark.parametrize("info", [True, int(torch_npu.Format.FRACTAL_NZ)])
+def test_legacy_npu_tensor_files_load_with_weights_only(tmp_path, info):
+    from torch_npu.utils.storage import _rebuild_npu_tensor
+    values = torch.arange(12.0).reshape(3, 4).t()     # a strided view: offset and strides travel
+    path = tmp_path / "legacy.pt"
+    torch.save({"w": _LegacyNpuTensor(values, info)}, path)
+    with pytest.raises(Exception, match="_rebuild_npu_tensor"):
+        torch.load(path, weights_only=True)           # not allowed until added, as msprobe does
+    with torch.serialization.safe_globals([_rebuild_npu_tensor]):
+        w = torch.load(path, weights_only=True)["w"]
+    assert w.device.type == "npu" and w.requires_grad and w.stride() == values.stride()
+    torch.testing.assert_close(w.detach().cpu(), values, rtol=0, atol=0)
+    expected = torch_npu.Format.FRACTAL_NZ if info is not True else torch_npu.Format.ND
+    assert torch_npu.get_npu_format(w) == expected
+
+
+def test_overflow_names_on_a_chip_with_inf_nan():
+    assert torch.npu.is_support_inf_nan() and torch_npu.npu.utils.is_support_inf_nan()
+    check = torch_npu.npu.utils.npu_check_overflow
+    assert check(torch.tensor([1.0, float("inf")], device="npu"))
+    assert check(torch.tensor([float("nan")], device="npu", dtype=torch.float16))
+    assert not check(torch.ones(3, device="npu")) and not check(2.5) and check(float("-inf"))
+    with pytest.raises(TypeError, match="tensor or a float"):
+        check("inf")
+    torch.npu.clear_npu_overflow_flag()               # nothing to clear: no error
+    with pytest.raises(RuntimeError, match="npu_check_overflow"):
+        torch.npu.get_npu_overflow_flag()
+
+
+def test_overflow_flag_on_a_saturating_chip():
+    script = """
+import torch, torch_npu
+from torch_npu.npu import utils
+assert not utils.is_support_inf_nan()
+assert not utils.get_npu_overflow_flag()
+x = torch.full((4,), 60000.0, dtype=torch.float16, device="npu")
+y = x * 2                                          # saturates to 65504 and raises the flag
+assert y.max().item() == 65504.0
+assert utils.get_npu_overflow_flag() and utils.get_npu_overflow_flag()   # reading does not lower it
+torch.npu.clear_npu_overflow_flag()
+assert not utils.get_npu_overflow_flag()
+assert not utils.npu_check_overflow(x + 1)
+z = x + x
+assert utils.npu_check_overflow(z) and not utils.npu_check_overflow(z)   # read and lowered
+print("ok")
+"""
+    env = dict(os.environ, NPU_EMU_PROFILE="ascend910a")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
 
 
 if __name__ == "__main__":

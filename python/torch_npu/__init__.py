@@ -45,6 +45,7 @@ from . import _ops_registry  # noqa: E402
 from ._custom_ops import register_npu_op  # noqa: E402
 from . import optim  # noqa: E402
 from . import profiler  # noqa: E402
+from . import utils  # noqa: E402  (torch_npu.utils: the Ascend adapter's pickle function, for msprobe)
 from ._attention import npu_fusion_attention  # noqa: E402
 from ._formats import Format, get_npu_format, npu_format_cast, npu_format_cast_  # noqa: E402
 from ._fused import (  # noqa: E402

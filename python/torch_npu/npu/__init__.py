@@ -39,6 +39,10 @@ from ._device import (
     _launch_failing_kernel,
 )
 from . import memory  # noqa: E402  (torch.npu.memory, as torch.cuda.memory)
+from . import utils  # noqa: E402  (torch_npu.npu.utils, the Ascend adapter's path to these:)
+from ._msprobe_names import (  # noqa: E402  (the overflow-status names msprobe calls)
+    clear_npu_overflow_flag, get_npu_overflow_flag, is_support_inf_nan, npu_check_overflow,
+)
 from .memory import (
     MemPool,
     caching_allocator_alloc,
@@ -148,6 +152,7 @@ __all__ = [
     "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_peak_memory_stats", "seed",
     "seed_all", "set_device", "set_profile", "set_rng_state", "set_rng_state_all", "set_stream", "stream",
     "synchronize",
+    "clear_npu_overflow_flag", "get_npu_overflow_flag", "is_support_inf_nan", "npu_check_overflow",
 ]
 
 

@@ -1,0 +1,78 @@
+"""The Ascend adapter's overflow-status names, which its tools call (msprobe's overflow check
+calls ``torch.npu.clear_npu_overflow_flag()`` before each API it reruns and
+``torch_npu.npu.utils.npu_check_overflow(out)`` after), with their meaning on the Ascend adapter:
+
+* A chip without inf/nan (the 910A and 310P profiles) saturates float16 overflow to +-65504 and
+  raises its overflow flag (its float status register; one per process here). There
+  ``get_npu_overflow_flag()`` says whether the flag is up, ``clear_npu_overflow_flag()`` lowers it,
+  and ``npu_check_overflow(tensor)`` reads and lowers it.
+* A chip with inf/nan (910B, A3, the generic profile) writes inf and nan as the CPU does; its
+  flag is not how overflow shows. There ``npu_check_overflow(tensor)`` checks the tensor itself,
+  ``get_npu_overflow_flag()`` raises (as on the Ascend adapter, which says to use
+  npu_check_overflow) and ``clear_npu_overflow_flag()`` does nothing.
+"""
+import math
+import threading
+
+import torch
+
+__all__ = ["clear_npu_overflow_flag", "get_npu_overflow_flag", "is_support_inf_nan", "npu_check_overflow"]
+
+_lock = threading.Lock()
+_flag_up = False   # the chip's flag as last read (reading it takes it from the runtime)
+
+
+def is_support_inf_nan() -> bool:
+    """Whether the chip writes inf/nan on overflow (True) or saturates and raises its flag (False)."""
+    from torch_npu import _profiles
+    return _profiles.active().inf_nan
+
+
+def _read_flag() -> bool:
+    """Takes the runtime's flag into ours. The runtime gives it to GradScaler's unscale kernel
+    (its found_inf turns 1 when the flag was up), so that kernel, run on a zero tensor, reads it
+    in stream order: after every kernel launched before."""
+    global _flag_up
+    found = torch.zeros(1, device="npu")
+    torch._amp_foreach_non_finite_check_and_unscale_([torch.zeros(1, device="npu")], found,
+                                                     torch.ones(1, device="npu"))
+    with _lock:
+        _flag_up = _flag_up or bool(found.item())
+        return _flag_up
+
+
+def get_npu_overflow_flag() -> bool:
+    """Whether a kernel saturated a float16 overflow since the flag was last cleared."""
+    if is_support_inf_nan():
+        from torch_npu import _profiles
+        raise RuntimeError(f"torch.npu.get_npu_overflow_flag: the chip of profile '{_profiles.active().name}' "
+                           f"writes inf/nan on overflow and raises no overflow flag; use "
+                           f"torch_npu.npu.utils.npu_check_overflow(tensor), which checks the tensor")
+    return _read_flag()
+
+
+def clear_npu_overflow_flag() -> None:
+    """Lowers the overflow flag (nothing to lower on a chip with inf/nan)."""
+    global _flag_up
+    if is_support_inf_nan():
+        return
+    _read_flag()
+    with _lock:
+        _flag_up = False
+
+
+def npu_check_overflow(grad) -> bool:
+    """Whether ``grad`` overflowed: on a chip with inf/nan, whether it (a tensor or a float) holds
+    inf or nan; on a saturating chip, whether the overflow flag is up (then lowered)."""
+    if is_support_inf_nan():
+        if isinstance(grad, torch.Tensor):
+            total = float(grad.detach().float().sum())
+        elif isinstance(grad, (float, int)):
+            total = float(grad)
+        else:
+            raise TypeError(f"npu_check_overflow: expected a tensor or a float, got {type(grad).__name__}")
+        return math.isinf(total) or math.isnan(total)
+    up = _read_flag()
+    if up:
+        clear_npu_overflow_flag()
+    return up
