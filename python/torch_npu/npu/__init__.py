@@ -96,6 +96,7 @@ from .graphs import NPUGraph, graph, graph_pool_handle, is_current_stream_captur
 from . import amp  # noqa: E402
 from . import comm  # noqa: E402  (torch.npu.comm, as torch.cuda.comm)
 from torch_npu._multiprocessing import ipc_collect  # noqa: E402  (torch.cuda.ipc_collect's)
+from ._deepspeed_names import _lazy_call, npurt  # noqa: E402  (what DeepSpeed's NPU_Accelerator calls)
 
 has_half = True   # float16 kernels, as torch.cuda.has_half
 OutOfMemoryError = torch.OutOfMemoryError  # what the npu allocator raises, as torch.cuda.OutOfMemoryError
@@ -136,6 +137,7 @@ __all__ = [
     "is_tf32_supported", "list_gpu_processes", "memory_usage", "power_draw", "temperature", "utilization",
     "get_sync_debug_mode", "set_sync_debug_mode",
     "ipc_collect",
+    "npurt",
     "NPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables",
     "Event", "MemPool", "OutOfMemoryError", "Stream", "StreamContext", "amp", "caching_allocator_alloc",
     "caching_allocator_delete", "get_allocator_backend", "get_per_process_memory_fraction", "max_memory_cached",
