@@ -155,7 +155,7 @@ def test_layout_next_to_the_chrome_trace(exported):
     assert len(list(base.glob("npu.*.pt.trace.json"))) == 1, "the Chrome/TensorBoard trace beside it"
     assert sorted(p.name for p in out.iterdir()) == sorted([
         "trace_view.json", "kernel_details.csv", "op_statistic.csv", "operator_details.csv",
-        "step_trace_time.csv", "memory_record.csv"])
+        "step_trace_time.csv", "memory_record.csv", "operator_memory.csv"])
     info = json.loads((root / "profiler_info.json").read_text())
     assert info["config"]["experimental_config"]["_profiler_level"] == "Level0"
     assert info["config"]["common_config"]["record_shapes"] is True
@@ -208,6 +208,13 @@ def test_operator_details_steps_and_memory(exported):
     assert header == ascend.MEMORY_RECORD and memory
     assert {m["Component"] for m in memory} == {"PTA"} and {m["Device Type"] for m in memory} == {"NPU:0"}
     assert max(float(m["Total Allocated(MB)"]) for m in memory) >= 3 * 384 * 384 * 4 / 2**20
+
+    header, allocations = read_csv(out / "operator_memory.csv")
+    assert header == ascend.OPERATOR_MEMORY
+    by_mm = [a for a in allocations if a["Name"] == "aten::mm"]
+    assert len(by_mm) == 4 and all(a["Size(KB)"] == f"{384 * 384 * 4 / 1024:.2f}" for a in by_mm)
+    released = [a for a in by_mm if a["Release Time(us)"]]
+    assert released and all(float(a["Duration(us)"]) > 0 for a in released)
 
 
 def test_trace_view(exported):

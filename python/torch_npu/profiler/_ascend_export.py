@@ -10,6 +10,7 @@
             operator_details.csv          one row per host op: host and device self/total times
             step_trace_time.csv           per ProfilerStep: computing and free device time
             memory_record.csv             npu allocator totals over time (profile_memory=True)
+            operator_memory.csv           each npu allocation: the op that made it, size, lifetime
 
 in the column layouts the adapter documents and msprof-analyze reads. Times are the
 profiler's measured ones (host: PyTorch's op events; device: the emulator's kernel,
@@ -20,6 +21,7 @@ op_statistic.csv get the chip's projected times beside them ("Projected Duration
 are estimates. Where the emulator has nothing to report (AI-core counters, block dims,
 communication) no column is written or the column is 0, never a made-up figure.
 """
+import bisect
 import csv
 import json
 import os
@@ -53,6 +55,10 @@ OPERATOR_DETAILS = ["Name", "Input Shapes", "Call Stack", "Host Self Duration(us
                     "Device Total Duration With AICore(us)"]
 STEP_TRACE_TIME = ["Step", "Computing", "Communication(Not Overlapped)", "Overlapped", "Communication", "Free",
                    "Stage", "Bubble", "Communication(Not Overlapped and Exclude Receive)", "Preparing"]
+OPERATOR_MEMORY = ["Name", "Size(KB)", "Allocation Time(us)", "Release Time(us)", "Active Release Time(us)",
+                   "Duration(us)", "Active Duration(us)", "Allocation Total Allocated(MB)",
+                   "Allocation Total Reserved(MB)", "Allocation Total Active(MB)", "Release Total Allocated(MB)",
+                   "Release Total Reserved(MB)", "Release Total Active(MB)", "Stream Ptr", "Device Type"]
 MEMORY_RECORD = ["Component", "Timestamp(us)", "Total Allocated(MB)", "Total Reserved(MB)", "Total Active(MB)",
                  "Stream Ptr", "Device Type"]
 
@@ -264,20 +270,69 @@ def _step_trace_time(path, ranges, kernels):
     _write_csv(path, STEP_TRACE_TIME, rows)
 
 
-def _memory_record(path, chrome_trace, kineto):
-    rows = []
+def _memory_samples(chrome_trace, kineto):
+    """The npu allocator's samples in the Chrome trace: (us since the epoch, args), in time
+    order. The trace has its own clock: its offset is read off the ops it shares with the
+    profile's results (same name and correlation id)."""
+    starts = {(e.name(), e.correlation_id()): e.start_ns() / 1000 for e in kineto
+              if e.device_type() == DeviceType.CPU}
+    offsets, samples = [], []
     for e in chrome_trace.get("traceEvents", []):
         args = e.get("args") if isinstance(e, dict) else None
-        if e.get("name") != "[memory]" or not isinstance(args, dict) or args.get("Device Type") != int(_NPU):
+        if not isinstance(args, dict) or not isinstance(e.get("ts"), (int, float)):
             continue
-        idx = args.get("Ev Idx")
-        if not isinstance(idx, int) or not 0 <= idx < len(kineto):
-            continue
-        allocated, reserved = args.get("Total Allocated", 0) / 2**20, args.get("Total Reserved", 0) / 2**20
-        rows.append(["PTA", _us(kineto[idx].start_ns() / 1000), f"{allocated:.6f}", f"{reserved:.6f}",
-                     f"{allocated:.6f}", "", f"NPU:{args.get('Device Id', 0)}"])
-    rows.sort(key=lambda r: float(r[1]))
+        if e.get("ph") == "X" and e.get("cat") == "cpu_op":
+            start = starts.get((e.get("name"), args.get("External id")))
+            if start is not None:
+                offsets.append(start - e["ts"])
+        elif e.get("name") == "[memory]" and args.get("Device Type") == int(_NPU):
+            samples.append((e["ts"], args))
+    if not offsets:
+        return []
+    offset = sorted(offsets)[len(offsets) // 2]
+    return sorted(((ts + offset, args) for ts, args in samples), key=lambda s: s[0])
+
+
+def _mb(value):
+    return f"{value / 2**20:.6f}"
+
+
+def _memory_record(path, samples):
+    rows = [["PTA", _us(t), _mb(a.get("Total Allocated", 0)), _mb(a.get("Total Reserved", 0)),
+             _mb(a.get("Total Allocated", 0)), "", f"NPU:{a.get('Device Id', 0)}"] for t, a in samples]
     _write_csv(path, MEMORY_RECORD, rows)
+
+
+def _operator_memory(path, samples, ops, base_us):
+    """One row per npu allocation: the innermost op that made it, its size, when it was
+    allocated and released (blank: still held when the profile stopped)."""
+    ranges = sorted(((base_us + e.time_range.start, base_us + e.time_range.end, e.name) for e in ops))
+    starts = [r[0] for r in ranges]
+
+    def owner(t):
+        i = bisect.bisect_right(starts, t) - 1
+        while i >= 0:
+            if ranges[i][1] >= t:
+                return ranges[i][2]
+            i -= 1
+        return ""
+
+    live, rows = {}, []
+    for t, a in samples:
+        size = a.get("Bytes", 0)
+        if size > 0:
+            row = [owner(t), f"{size / 1024:.2f}", _us(t), "", "", "", "", _mb(a.get("Total Allocated", 0)),
+                   _mb(a.get("Total Reserved", 0)), _mb(a.get("Total Allocated", 0)), "", "", "", "",
+                   f"NPU:{a.get('Device Id', 0)}"]
+            live[a.get("Addr")] = row
+            rows.append(row)
+        elif size < 0 and a.get("Addr") in live:
+            row = live.pop(a.get("Addr"))
+            row[3] = row[4] = _us(t)
+            row[5] = row[6] = _us(t - float(row[2]))
+            row[10], row[11] = _mb(a.get("Total Allocated", 0)), _mb(a.get("Total Reserved", 0))
+            row[12] = row[10]
+    _write_csv(path, OPERATOR_MEMORY, rows)
 
 
 def _trace_view(path, ops, steps, kernels, ranges, base_us, device_activities, chip):
@@ -432,7 +487,10 @@ def export_ascend(prof, dir_name, worker_name=None, chrome_trace=None, config=No
         _kernel_details(os.path.join(out, "kernel_details.csv"), kernels, chip)
         _op_statistic(os.path.join(out, "op_statistic.csv"), kernels, chip)
         _step_trace_time(os.path.join(out, "step_trace_time.csv"), ranges, kernels)
-        _memory_record(os.path.join(out, "memory_record.csv"), trace, kineto)
+        samples = _memory_samples(trace, kineto)
+        _memory_record(os.path.join(out, "memory_record.csv"), samples)
+        if samples:
+            _operator_memory(os.path.join(out, "operator_memory.csv"), samples, ops, base_us)
 
     rank = _rank()
     info = {"config": {"common_config": _common_config(prof), "experimental_config": config.to_dict()},
