@@ -197,6 +197,32 @@ def test_compare_finds_the_planted_wrong_op(dumps):
     assert all(r["Result"] == "pass" for r in rows[:rows.index(first)])
 
 
+def test_torch_npu_fused_ops_are_dumped_as_npu_apis(msprobe_imports, tmp_path):
+    """msprobe hooks the torch_npu.npu_* ops it knows (its "NPU" API type) on our package too."""
+    script = f"""
+import json, os, torch, torch_npu
+from msprobe.pytorch import PrecisionDebugger
+out = {str(tmp_path)!r}
+config = os.path.join(out, "config.json")
+json.dump({{"task": "statistics", "dump_path": out, "level": "L1",
+           "statistics": {{"scope": [], "list": [], "data_mode": ["all"]}}}}, open(config, "w"))
+x, gamma = torch.randn(2, 8, device="npu", requires_grad=True), torch.ones(8, device="npu")
+debugger = PrecisionDebugger(config_path=config)
+debugger.start()
+y, rstd = torch_npu.npu_rms_norm(x, gamma)
+y.sum().backward()
+debugger.stop()
+debugger.step()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [dump_json] = glob.glob(os.path.join(tmp_path, "step0", "*", "dump.json"))
+    with open(dump_json) as f:
+        data = json.load(f)["data"]
+    assert "NPU.npu_rms_norm.0.forward" in data and "NPU.npu_rms_norm.0.backward" in data, list(data)
+    assert data["NPU.npu_rms_norm.0.forward"]["output"][0]["shape"] == [2, 8]
+
+
 # --- the Ascend adapter's names that msprobe calls -------------------------------------------------------------
 
 class _LegacyNpuTensor:
