@@ -287,3 +287,20 @@ def test_cluster_reads_two_ranks(tmp_path):
     assert {int(r["Index"]) for r in ranks} == {0, 1}
     for r in ranks:
         assert float(r["Computing"]) == pytest.approx(step_computing[int(r["Index"])][r["Step"]], abs=0.01)
+
+
+def test_handler_keeps_pytorchs_use_gzip(tmp_path):
+    handler = npu_profiler.tensorboard_trace_handler(str(tmp_path), "gz", use_gzip=True)
+    with npu_profiler.profile(activities=ACTIVITIES, profile_memory=True, on_trace_ready=handler) as prof:
+        (torch.randn(64, 64, device="npu") @ torch.randn(64, 64, device="npu")).sum().item()
+    assert len(list(tmp_path.glob("gz.*.pt.trace.json.gz"))) == 1
+    out = Path(prof.npu_ascend_output) / ascend.OUTPUT
+    _, memory = read_csv(out / "memory_record.csv")
+    assert memory, "the memory samples are read from the gzipped trace"
+
+
+def test_handler_without_analyse_writes_the_trace_only(tmp_path):
+    handler = npu_profiler.tensorboard_trace_handler(str(tmp_path), "only", analyse_flag=False)
+    with npu_profiler.profile(activities=ACTIVITIES, on_trace_ready=handler):
+        torch.randn(8, device="npu").sum().item()
+    assert [p.name.endswith(".pt.trace.json") for p in tmp_path.iterdir()] == [True]

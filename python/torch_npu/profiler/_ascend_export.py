@@ -23,6 +23,7 @@ communication) no column is written or the column is 0, never a made-up figure.
 """
 import bisect
 import csv
+import gzip
 import json
 import os
 import socket
@@ -476,7 +477,7 @@ def export_ascend(prof, dir_name, worker_name=None, chrome_trace=None, config=No
     if chrome_trace is None:
         chrome_trace = os.path.join(root, f"{worker}.pt.trace.json")
         prof.export_chrome_trace(chrome_trace)
-    with open(chrome_trace, encoding="utf-8") as f:
+    with (gzip.open if chrome_trace.endswith(".gz") else open)(chrome_trace, "rt", encoding="utf-8") as f:
         trace = json.load(f)
 
     ranges = _step_ranges(steps, ops, kernels, base_us)
@@ -507,11 +508,13 @@ def export_ascend(prof, dir_name, worker_name=None, chrome_trace=None, config=No
     return root
 
 
-def tensorboard_trace_handler(dir_name=None, worker_name=None, analyse_flag=True, async_mode=False):
-    """The Ascend adapter's ``on_trace_ready`` handler: per finished cycle, PyTorch's Chrome
-    trace ``<dir>/<worker>.<ms>.pt.trace.json`` (TensorBoard's profiler plugin reads it) and,
-    with ``analyse_flag``, the Text export ``<dir>/<worker>_<timestamp>_ascend_pt/`` next to
-    it. ``async_mode`` is accepted and the export written synchronously."""
+def tensorboard_trace_handler(dir_name=None, worker_name=None, analyse_flag=True, async_mode=False, *,
+                              use_gzip=False):
+    """The Ascend adapter's ``on_trace_ready`` handler (its arguments, in its order): per
+    finished cycle, PyTorch's Chrome trace ``<dir>/<worker>.<ms>.pt.trace.json`` (``.gz`` with
+    PyTorch's ``use_gzip=True``; TensorBoard's profiler plugin reads it) and, with
+    ``analyse_flag``, the Text export ``<dir>/<worker>_<timestamp>_ascend_pt/`` next to it.
+    ``async_mode`` is accepted and the export written synchronously."""
     if dir_name is None:
         dir_name = os.environ.get("ASCEND_WORK_PATH") or "./"
     if not isinstance(dir_name, (str, os.PathLike)):
@@ -521,7 +524,8 @@ def tensorboard_trace_handler(dir_name=None, worker_name=None, analyse_flag=True
     def handler_fn(prof):
         os.makedirs(dir_name, exist_ok=True)
         worker = worker_name or f"{socket.gethostname()}_{os.getpid()}"
-        trace = os.path.join(dir_name, f"{worker}.{time.time_ns() // 1_000_000}.pt.trace.json")
+        trace = os.path.join(dir_name, f"{worker}.{time.time_ns() // 1_000_000}.pt.trace.json"
+                             + (".gz" if use_gzip else ""))
         prof.export_chrome_trace(trace)
         if analyse_flag:
             prof.npu_ascend_output = export_ascend(prof, dir_name, worker, chrome_trace=trace)
