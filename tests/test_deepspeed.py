@@ -1,5 +1,5 @@
 """DeepSpeed on the npu: its own detection picks the NPU accelerator (import torch_npu, no
-DS_ACCELERATOR), every torch.npu name the accelerator calls answers, and ZeRO stages 1 and 2
+DS_ACCELERATOR), every torch.npu name the accelerator calls answers, and ZeRO stages 1, 2 and 3
 train on 2 ranks over "hccl" (torchrun, NPU_EMU_DEVICES=2) to the parameters of one process
 training on the whole batch: float32 within 1e-5, bfloat16 within one bfloat16 step of a
 bfloat16-model/float32-master-weights reference (tests/distributed/deepspeed_zero.py)."""
@@ -109,7 +109,7 @@ def test_npurt_checks_what_it_registers():
     assert rt.npuHostUnregister(4097) == 0 and rt.registered() == {}
 
 
-@pytest.mark.parametrize("stage,dtype", [(1, "fp32"), (2, "fp32"), (2, "bf16")])
+@pytest.mark.parametrize("stage,dtype", [(1, "fp32"), (2, "fp32"), (2, "bf16"), (3, "fp32")])
 def test_zero_on_two_npus_matches_one_process(stage, dtype, tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                os.path.join(HERE, "distributed", "deepspeed_zero.py"), str(stage), dtype]

@@ -1,8 +1,9 @@
 """DeepSpeed ZeRO on 2 npu ranks (torchrun, NPU_EMU_DEVICES=2), its accelerator found by
-DeepSpeed's own detection (import torch_npu), its backend "hccl": stage 1 and stage 2 in
-float32 against one process training on the whole batch on the cpu (1e-5), and stage 2 in
-bfloat16 against a bfloat16-model/float32-master-weights reference on the cpu (bf16
-tolerance), the loss decreasing and both ranks holding the same parameters."""
+DeepSpeed's own detection (import torch_npu), its backend "hccl": stages 1, 2 and 3 (every
+parameter partitioned, gathered to compare) in float32 against one process training on the
+whole batch on the cpu (1e-5), and in bfloat16 against a bfloat16-model/float32-master-weights
+reference on the cpu (bf16 tolerance); the loss over all batches falls, and both ranks hold the
+same parameters. Usage: deepspeed_zero.py STAGE fp32|bf16."""
 import copy
 import json
 import os
@@ -47,10 +48,13 @@ def train_deepspeed(model, data, stage, bf16):
               "zero_allow_untested_optimizer": True,   # torch.optim.SGD (bf16)
               "gradient_clipping": 0.0,   # DeepSpeed clips at 1.0 unless told; the reference does not clip
               "bf16": {"enabled": bf16}, "steps_per_print": 10 ** 9, "wall_clock_breakdown": False}
+    if stage == 3:   # partition every parameter, however small (DeepSpeed keeps those < 1e5 whole)
+        config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
     opt = optimizer(model.parameters(), bf16)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
     assert engine.device.type == "npu" and engine.device.index == rank, engine.device
-    assert type(engine.optimizer).__name__ == "DeepSpeedZeroOptimizer", type(engine.optimizer)
+    expected = "DeepSpeedZeroOptimizer_Stage3" if stage == 3 else "DeepSpeedZeroOptimizer"
+    assert type(engine.optimizer).__name__ == expected, type(engine.optimizer)
     losses = []
     shard = slice(rank * BATCH, (rank + 1) * BATCH)
     for x, y in data:
@@ -63,7 +67,12 @@ def train_deepspeed(model, data, stage, bf16):
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
-    return [p.detach().float().cpu() for p in engine.module.parameters()], losses
+    params = list(engine.module.parameters())
+    if stage == 3:   # each rank holds its partition of every parameter: gather them whole
+        assert all(p.numel() == 0 for p in params), "ZeRO 3 left a parameter unpartitioned"
+        with deepspeed.zero.GatheredParameters(params):
+            return [p.detach().float().cpu().clone() for p in params], losses
+    return [p.detach().float().cpu() for p in params], losses
 
 
 def train_alone(model, data, bf16):
