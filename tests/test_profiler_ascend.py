@@ -262,10 +262,28 @@ def test_advisor_all_names_the_fallback_and_the_time(exported, tmp_path):
 
 
 def test_compare_reads_two_profiles(exported, tmp_path):
-    _, root, _ = exported
+    _, root, out = exported
     output = run_msprof(["compare", "-d", str(root), "-bp", str(root), "-o", str(tmp_path / "cmp")], cwd=tmp_path)
     assert "Computing Time" in output
-    assert list((tmp_path / "cmp").glob("performance_comparison_result_*.xlsx"))
+    results = list((tmp_path / "cmp").glob("performance_comparison_result_*.xlsx"))
+    assert len(results) == 1
+    pd = pytest.importorskip("pandas")
+    sheets = pd.read_excel(results[0], sheet_name=None, header=None)
+
+    def table(name):   # the sheet's rows under its header row (the one naming "Top" or "Order Id")
+        frame = sheets[name]
+        at = next(i for i, row in frame.iterrows() if row.iloc[0] in ("Top", "Order Id"))
+        return [dict(zip(frame.iloc[at], row)) for _, row in frame.iloc[at + 1:].iterrows()]
+
+    _, kernels = read_csv(out / "kernel_details.csv")
+    mm_us = sum(float(k["Duration(us)"]) for k in kernels if k["Name"] == "aten::mm")
+    # The dominant op heads compare's operator and kernel statistics, with its time.
+    top = table("OperatorCompareStatistic")[0]
+    assert top["Operator Name"] == "aten::matmul" and int(top["Base Operator Number"]) == 4
+    assert float(top["Base Device Duration(ms)"]) * 1e3 == pytest.approx(mm_us, rel=0.01)
+    top = table("KernelCompare")[0]
+    assert top["Kernel"] == "MatMulV2" and int(top["Calls"]) == 4
+    assert float(top["Total Duration(us)"]) == pytest.approx(mm_us, rel=0.01)
 
 
 def test_cluster_reads_two_ranks(tmp_path):
