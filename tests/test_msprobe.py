@@ -197,6 +197,27 @@ def test_compare_finds_the_planted_wrong_op(dumps):
     assert all(r["Result"] == "pass" for r in rows[:rows.index(first)])
 
 
+def test_acc_check_reruns_each_dumped_api_on_the_npu_against_the_cpu(dumps):
+    """`msprobe acc_check` runs every API of the npu's dump again, from its saved tensors, on the npu and
+    on the cpu in float64, and judges each forward and backward."""
+    npu_json, npu = dumps[0]["npu"]
+    out = dumps[1] / "acc_check"
+    msprobe_cli = os.path.join(os.path.dirname(sys.executable), "msprobe")
+    cmd = ([msprobe_cli] if os.path.exists(msprobe_cli) else [sys.executable, "-m", "msprobe.msprobe"])
+    done = subprocess.run(cmd + ["acc_check", "-api_info", npu_json, "-o", str(out)],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    [result] = glob.glob(os.path.join(out, "accuracy_checking_result_*.csv"))
+    with open(result, newline="", encoding="utf-8-sig") as f:
+        rows = {r["API name"]: r for r in csv.DictReader(f)}
+    forwards = {name.rsplit(".", 1)[0] for name in npu["data"] if name.endswith(".forward")}
+    assert set(rows) == forwards, set(rows) ^ forwards
+    for name, row in rows.items():
+        assert row["Forward Test Success"] == "pass", row
+        assert row["Backward Test Success"].strip() in ("pass", ""), row   # the optimizer's add_ has none
+    assert rows["Functional.gelu.0"]["Backward Test Success"] == "pass"
+
+
 def test_torch_npu_fused_ops_are_dumped_as_npu_apis(msprobe_imports, tmp_path):
     """msprobe hooks the torch_npu.npu_* ops it knows (its "NPU" API type) on our package too."""
     script = f"""
