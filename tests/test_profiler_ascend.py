@@ -322,3 +322,27 @@ def test_handler_without_analyse_writes_the_trace_only(tmp_path):
     with npu_profiler.profile(activities=ACTIVITIES, on_trace_ready=handler):
         torch.randn(8, device="npu").sum().item()
     assert [p.name.endswith(".pt.trace.json") for p in tmp_path.iterdir()] == [True]
+
+
+def test_gc_detect_threshold_records_collections_the_advisor_reports(tmp_path):
+    import gc
+    config = npu_profiler._ExperimentalConfig(gc_detect_threshold=0)
+    garbage = []
+    with npu_profiler.profile(activities=ACTIVITIES, experimental_config=config) as prof:
+        for _ in range(3):
+            x = torch.randn(64, 64, device="npu").relu()
+            for _ in range(20000):          # cycles for the collector to find
+                a = []
+                a.append(a)
+            garbage.append(gc.collect())
+            x.sum().item()
+    assert prof.npu_gc_recorder is not None and len(prof.npu_gc_recorder.events) >= 3
+    root = Path(prof.export_ascend(str(tmp_path / "prof")))
+    events = json.loads((root / ascend.OUTPUT / "trace_view.json").read_text())
+    collections = [e for e in events if e.get("cat") == "GC"]
+    assert len(collections) >= 3 and all(float(e["dur"]) > 0 for e in collections)
+    output = run_msprof(["advisor", "all", "-d", str(root)], cwd=tmp_path)
+    found = re.search(r"GC）事件(\d+)次，总时间为([\d.]+)毫秒", output)   # "abnormal GC events: N, total T ms"
+    assert found, output
+    assert int(found.group(1)) >= 3
+    assert float(found.group(2)) <= sum(float(e["dur"]) for e in collections) / 1e3 + 0.01

@@ -46,7 +46,7 @@ from torch.profiler import (  # noqa: F401  (the public names of torch.profiler)
 )
 
 from .. import _patches
-from . import _analyse
+from . import _analyse, _ascend_export
 from ._analyse import Analysis, analyse, set_projection_target  # noqa: F401
 from ._ascend_export import export_ascend, tensorboard_trace_handler  # noqa: F401
 from .experimental_config import (  # noqa: F401  (the Ascend adapter's names)
@@ -88,6 +88,7 @@ class profile(torch.profiler.profile):
         super().__init__(*args, experimental_config=experimental_config, **kwargs)
         self.step_memory = []
         self.npu_ascend_output = None   # the last Text export's directory
+        self.npu_gc_recorder = None     # Python's collections, with gc_detect_threshold
 
     def export_ascend(self, dir_name, worker_name=None):
         """Writes the Ascend adapter's Text export of this finished profile under ``dir_name``
@@ -102,6 +103,10 @@ class profile(torch.profiler.profile):
 
     def start(self):
         self.step_memory = []
+        config = self.npu_experimental_config
+        if config is not None and config.with_gc:
+            self.npu_gc_recorder = _ascend_export.GcRecorder(config.gc_detect_threshold)
+            self.npu_gc_recorder.start()
         super().start()
 
     def step(self):
@@ -111,7 +116,11 @@ class profile(torch.profiler.profile):
     def stop(self):
         if not self.step_memory:  # no step() called: one sample for the whole run
             self._sample_memory()
-        super().stop()
+        try:
+            super().stop()
+        finally:
+            if self.npu_gc_recorder is not None:
+                self.npu_gc_recorder.stop()
 
 
 # The seed's names for the device columns, on events and averages alike, so

@@ -23,6 +23,7 @@ communication) no column is written or the column is 0, never a made-up figure.
 """
 import bisect
 import csv
+import gc
 import gzip
 import json
 import os
@@ -169,6 +170,34 @@ def _collect(prof):
         k.task_id = task_id
     kernels.sort(key=lambda k: k.start_us)
     return base_us, kineto, ops, steps, kernels
+
+
+class GcRecorder:
+    """Python's garbage collections while a profile runs (``gc_detect_threshold``): each
+    collection at least ``threshold_ms`` long, as (start us, end us, generation, collected),
+    on the epoch clock of the profiler's events."""
+
+    def __init__(self, threshold_ms):
+        self.threshold_ns = threshold_ms * 1e6
+        self.events = []
+        self._start = None
+
+    def _callback(self, phase, info):
+        now = time.time_ns()
+        if phase == "start":
+            self._start = now
+        elif self._start is not None:
+            if now - self._start >= self.threshold_ns:
+                self.events.append((self._start / 1000, now / 1000, info.get("generation"), info.get("collected")))
+            self._start = None
+
+    def start(self):
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+
+    def stop(self):
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
 
 
 def _write_csv(path, header, rows):
@@ -336,7 +365,7 @@ def _operator_memory(path, samples, ops, base_us):
     _write_csv(path, OPERATOR_MEMORY, rows)
 
 
-def _trace_view(path, ops, steps, kernels, ranges, base_us, device_activities, chip):
+def _trace_view(path, ops, steps, kernels, ranges, base_us, device_activities, chip, gc_events=()):
     host_pid = os.getpid()
     hw_pid, overlap_pid = host_pid * 100 + 1, host_pid * 100 + 2   # distinct from the host's, as the adapter's
     events = [
@@ -359,6 +388,13 @@ def _trace_view(path, ops, steps, kernels, ranges, base_us, device_activities, c
                        "tid": next(iter(threads), 0), "ts": _us(lo), "dur": _us(hi - lo), "args": {}})
     for tid in sorted(threads):
         events.append({"ph": "M", "name": "thread_name", "pid": host_pid, "tid": tid, "args": {"name": f"Thread {tid}"}})
+    if gc_events:
+        gc_pid = host_pid * 100 + 3
+        events += [{"ph": "M", "name": "process_name", "pid": gc_pid, "tid": 0, "args": {"name": "GC"}},
+                   {"ph": "M", "name": "thread_name", "pid": gc_pid, "tid": 0, "args": {"name": "GC"}}]
+        for start, end, generation, collected in gc_events:
+            events.append({"ph": "X", "cat": "GC", "name": "GC", "pid": gc_pid, "tid": 0, "ts": _us(start),
+                           "dur": _us(end - start), "args": {"generation": generation, "collected": collected}})
     if device_activities:
         events += [{"ph": "M", "name": "process_name", "pid": hw_pid, "tid": 0, "args": {"name": _HW_PID_LABEL}},
                    {"ph": "M", "name": "process_labels", "pid": hw_pid, "tid": 0, "args": {"labels": "NPU"}},
@@ -481,8 +517,12 @@ def export_ascend(prof, dir_name, worker_name=None, chrome_trace=None, config=No
         trace = json.load(f)
 
     ranges = _step_ranges(steps, ops, kernels, base_us)
+    recorder = getattr(prof, "npu_gc_recorder", None)
+    lo = min((a for _, a, _ in ranges), default=0.0)
+    hi = max((b for _, _, b in ranges), default=0.0)
+    gc_events = [e for e in recorder.events if lo <= e[0] <= hi] if recorder is not None else []
     _trace_view(os.path.join(out, "trace_view.json"), ops, steps, kernels, ranges, base_us,
-                config.device_activities, chip)
+                config.device_activities, chip, gc_events)
     _operator_details(os.path.join(out, "operator_details.csv"), ops, kernels)
     if config.device_activities:
         _kernel_details(os.path.join(out, "kernel_details.csv"), kernels, chip)
