@@ -2,13 +2,31 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/NestedTensorImpl.h>
+#include <ATen/SparseCsrTensorImpl.h>
+#include <ATen/SparseCsrTensorUtils.h>
 #include <ATen/SparseTensorImpl.h>
+#include <ATen/ops/_sparse_compressed_tensor_unsafe.h>
+#include <ATen/ops/ccol_indices_native.h>
+#include <ATen/ops/col_indices_native.h>
+#include <ATen/ops/crow_indices_native.h>
+#include <ATen/ops/dense_dim_native.h>
+#include <ATen/ops/empty_native.h>
+#include <ATen/ops/_nnz_native.h>
+#include <ATen/ops/row_indices_native.h>
+#include <ATen/ops/sparse_dim_native.h>
+#include <ATen/ops/values_native.h>
 #include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
 #include <torch/library.h>
 
+#include <chrono>
+
 #include "../core/allocator.h"
+#include "../dispatch/arguments.h"
+#include "../dispatch/fallback.h"
+#include "../dispatch/op_names.h"
+#include "../dispatch/policy.h"
 #include "../core/device.h"
 #include "../core/launch.h"
 #include "../core/stream.h"
@@ -255,3 +273,117 @@ TORCH_LIBRARY_IMPL(aten, NestedTensorPrivateUse1, m) { m.impl("_to_copy", TORCH_
 TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) { m.impl("_to_copy", TORCH_FN(sparseToCopy)); }
 
 }  // namespace npu::ops
+
+// ---- sparse compressed tensors (CSR, CSC, BSR, BSC) --------------------------------
+// They live on the npu as their component tensors (compressed and plain indices,
+// values); every op on them goes through the CPU fallback (dispatch/fallback.h): the
+// mode, the per-op policies and the statistics govern it as for any fallback. Their
+// accessors and constructor are the CPU's own (they read or set the components).
+namespace npu::ops {
+namespace {
+
+bool isCompressedLayout(c10::Layout layout) {
+  return layout == c10::kSparseCsr || layout == c10::kSparseCsc || layout == c10::kSparseBsr ||
+         layout == c10::kSparseBsc;
+}
+
+// The same compressed tensor with its components on `device`.
+at::Tensor compressedOn(const at::Tensor& t, c10::Device device) {
+  auto* impl = at::sparse_csr::get_sparse_csr_impl(t);
+  const at::Tensor values = impl->values().to(device);
+  return at::_sparse_compressed_tensor_unsafe(impl->compressed_indices().to(device), impl->plain_indices().to(device),
+                                              values, t.sizes(), values.options().layout(t.layout()));
+}
+
+int64_t bytesOfCompressed(const at::Tensor& t) {
+  auto* impl = at::sparse_csr::get_sparse_csr_impl(t);
+  int64_t n = 0;
+  for (const at::Tensor& part : {impl->compressed_indices(), impl->plain_indices(), impl->values()}) {
+    n += static_cast<int64_t>(part.numel() * part.itemsize());
+  }
+  return n;
+}
+
+}  // namespace
+
+void compressedFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& args = op.schema().arguments();
+  const size_t begin = stack->size() - args.size();
+  dispatch::checkFallbackAllowed(op, *stack, dispatch::FallbackReason::NoKernel);
+  const auto start = std::chrono::steady_clock::now();
+  c10::Device device(kNPU, currentDevice());
+  int64_t to_cpu = 0, to_npu = 0;
+  std::vector<std::pair<at::Tensor, at::Tensor>> written;   // (npu tensor, its host copy) the op writes
+  for (size_t i = begin; i < stack->size(); ++i) {
+    const auto* alias = args[i - begin].alias_info();
+    const bool writes = alias != nullptr && alias->isWrite();
+    (*stack)[i] = dispatch::mapTensors((*stack)[i], [&](const at::Tensor& t, bool) {
+      if (!t.defined() || t.device().type() != kNPU) return t;
+      device = t.device();
+      at::Tensor host;
+      if (isCompressedLayout(t.layout())) {
+        host = compressedOn(t, c10::Device(c10::kCPU));
+        to_cpu += bytesOfCompressed(t);
+      } else {
+        host = t.cpu();
+        to_cpu += static_cast<int64_t>(t.numel() * t.itemsize());
+      }
+      if (writes) written.emplace_back(t, host);
+      return host;
+    });
+  }
+  c10::DeviceGuard guard(device);
+  op.callBoxed(stack);   // the cpu's kernels, from the host copies' keys
+  // What the op wrote goes back into the npu tensors (a compressed one takes the
+  // result's components); new results come to the npu.
+  for (auto& [npu_tensor, host] : written) {
+    if (isCompressedLayout(npu_tensor.layout())) {
+      const at::Tensor moved = compressedOn(host, device);
+      auto* impl = at::sparse_csr::get_sparse_csr_impl(moved);
+      at::sparse_csr::get_sparse_csr_impl(npu_tensor)->set_member_tensors(
+          impl->compressed_indices(), impl->plain_indices(), impl->values(), host.sizes());
+      to_npu += bytesOfCompressed(moved);
+    } else {
+      if (npu_tensor.sizes() != host.sizes()) npu_tensor.resize_(host.sizes());
+      npu_tensor.copy_(host);
+      to_npu += static_cast<int64_t>(host.numel() * host.itemsize());
+    }
+  }
+  for (size_t i = stack->size() - op.schema().returns().size(); i < stack->size(); ++i) {
+    (*stack)[i] = dispatch::mapTensors((*stack)[i], [&](const at::Tensor& t, bool) {
+      if (!t.defined() || t.device().type() == kNPU) return t;
+      for (const auto& [npu_tensor, host] : written) {
+        if (host.is_same(t)) return npu_tensor;
+      }
+      if (isCompressedLayout(t.layout())) {
+        at::Tensor moved = compressedOn(t, device);
+        to_npu += bytesOfCompressed(moved);
+        return moved;
+      }
+      to_npu += static_cast<int64_t>(t.numel() * t.itemsize());
+      return t.to(device);
+    });
+  }
+  const auto ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  dispatch::FallbackPolicy::instance().record(dispatch::displayName(op), dispatch::FallbackReason::NoKernel, ns,
+                                              to_cpu, to_npu);
+}
+
+}  // namespace npu::ops
+
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&npu::ops::compressedFallback>());
+}
+
+TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(at::native::empty_sparse_compressed));
+  m.impl("crow_indices", TORCH_FN(at::native::crow_indices_sparse_csr));
+  m.impl("col_indices", TORCH_FN(at::native::col_indices_sparse_csr));
+  m.impl("ccol_indices", TORCH_FN(at::native::ccol_indices_sparse_csr));
+  m.impl("row_indices", TORCH_FN(at::native::row_indices_sparse_csr));
+  m.impl("values", TORCH_FN(at::native::values_sparse_csr));
+  m.impl("_nnz", TORCH_FN(at::native::_nnz_sparse_csr));
+  m.impl("sparse_dim", TORCH_FN(at::native::sparse_dim_sparse_csr));
+  m.impl("dense_dim", TORCH_FN(at::native::dense_dim_sparse_csr));
+}

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <c10/core/DeviceGuard.h>
 
 #include <optional>
@@ -22,6 +24,10 @@ namespace npu::ops {
 
 // Installs the CPU allocator that can redirect to npu memory (at module init).
 void installHostAllocatorRedirect();
+
+// The kernel of every op on sparse compressed (CSR, CSC, BSR, BSC) npu tensors: the
+// CPU fallback, moving their components to the host and results back.
+void compressedFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 class HostExecution {
  public:

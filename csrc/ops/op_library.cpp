@@ -17,6 +17,7 @@
 #include "../core/profile.h"
 #include "../dispatch/fallback.h"
 #include "../dispatch/arguments.h"
+#include "host_execution.h"
 #include "native_kernel.h"
 
 namespace npu::ops {
@@ -241,6 +242,9 @@ void registerOpLibrary() {
     });
     registerLayoutKernels(*layouts, c10::DispatchKey::NestedTensorCPU, c10::DispatchKey::NestedTensorPrivateUse1, [] {
       return torch::CppFunction::makeFromBoxedFunction<&runOnHostFor<c10::DispatchKey::NestedTensorCPU>>();
+    });
+    registerLayoutKernels(*layouts, c10::DispatchKey::SparseCsrCPU, c10::DispatchKey::SparseCsrPrivateUse1, [] {
+      return torch::CppFunction::makeFromBoxedFunction<&compressedFallback>();
     });
   });
 }
