@@ -346,3 +346,21 @@ def test_gc_detect_threshold_records_collections_the_advisor_reports(tmp_path):
     assert found, output
     assert int(found.group(1)) >= 3
     assert float(found.group(2)) <= sum(float(e["dur"]) for e in collections) / 1e3 + 0.01
+
+
+def test_level1_adds_the_cann_layer(tmp_path):
+    def cann_events(level):
+        config = npu_profiler._ExperimentalConfig(profiler_level=level)
+        with npu_profiler.profile(activities=ACTIVITIES, experimental_config=config) as prof:
+            x = torch.randn(16, 16, device="npu")
+            for _ in range(3):
+                x = x.relu() + 1
+            x.sum().item()
+        launches = sum(e.name == "npuLaunchKernel" for e in prof.events())
+        root = Path(prof.export_ascend(str(tmp_path / level)))
+        events = json.loads((root / ascend.OUTPUT / "trace_view.json").read_text())
+        return launches, [e for e in events if e.get("cat") == "cann_api"]
+
+    launches, events = cann_events(npu_profiler.ProfilerLevel.Level1)
+    assert launches >= 6 and sum(e["name"] == "Node@launch" for e in events) == launches
+    assert cann_events(npu_profiler.ProfilerLevel.Level0)[1] == []

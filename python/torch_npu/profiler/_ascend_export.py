@@ -41,6 +41,9 @@ OUTPUT = "ASCEND_PROFILER_OUTPUT"
 SUFFIX = "_ascend_pt"
 
 _MARKERS = {"npuLaunchKernel", "npuMemcpy", "npuCpuFallback", "[memory]"}
+# The runtime's host calls under their CANN names, on the "CANN" track at Level1 and up
+# (as the adapter shows AscendCL): kernel launches and the host's waits for a stream.
+_CANN_NAMES = {"npuLaunchKernel": "Node@launch", "npuStreamSynchronize": "AscendCL@aclrtSynchronizeStream"}
 _NPU = DeviceType.PrivateUse1
 _HOST_PID_LABEL = "Python"
 _NO_MODEL = 4294967295        # the adapter's Model ID of a kernel launched eagerly (no graph)
@@ -134,8 +137,10 @@ def _collect(prof):
                 steps.append((e.name().split("#", 1)[1], e.start_ns() / 1000, e.end_ns() / 1000))
     steps.sort(key=lambda s: s[1])
 
-    ops, op_by_id = [], {}
+    ops, op_by_id, api = [], {}, []
     for evt in function_events:
+        if evt.device_type == DeviceType.CPU and evt.name in _CANN_NAMES:
+            api.append(evt)
         if evt.device_type != DeviceType.CPU or evt.is_async or evt.name in _MARKERS:
             continue
         if evt.name.startswith("ProfilerStep"):    # "ProfilerStep#N", or "ProfilerStep*" as PyTorch folds them
@@ -169,7 +174,7 @@ def _collect(prof):
         last_end[(k.device, k.stream)] = k.start_us + k.dur_us
         k.task_id = task_id
     kernels.sort(key=lambda k: k.start_us)
-    return base_us, kineto, ops, steps, kernels
+    return base_us, kineto, ops, steps, kernels, api
 
 
 class GcRecorder:
@@ -365,7 +370,7 @@ def _operator_memory(path, samples, ops, base_us):
     _write_csv(path, OPERATOR_MEMORY, rows)
 
 
-def _trace_view(path, ops, steps, kernels, ranges, base_us, device_activities, chip, gc_events=()):
+def _trace_view(path, ops, steps, kernels, ranges, base_us, device_activities, chip, gc_events=(), api=()):
     host_pid = os.getpid()
     hw_pid, overlap_pid = host_pid * 100 + 1, host_pid * 100 + 2   # distinct from the host's, as the adapter's
     events = [
@@ -388,6 +393,14 @@ def _trace_view(path, ops, steps, kernels, ranges, base_us, device_activities, c
                        "tid": next(iter(threads), 0), "ts": _us(lo), "dur": _us(hi - lo), "args": {}})
     for tid in sorted(threads):
         events.append({"ph": "M", "name": "thread_name", "pid": host_pid, "tid": tid, "args": {"name": f"Thread {tid}"}})
+    if api:
+        cann_pid = host_pid * 100 + 4
+        events += [{"ph": "M", "name": "process_name", "pid": cann_pid, "tid": 0, "args": {"name": "CANN"}},
+                   {"ph": "M", "name": "thread_name", "pid": cann_pid, "tid": 0, "args": {"name": "AscendCL"}}]
+        for evt in api:
+            events.append({"ph": "X", "cat": "cann_api", "name": _CANN_NAMES[evt.name], "pid": cann_pid, "tid": 0,
+                           "ts": _us(base_us + evt.time_range.start), "dur": _us(evt.time_range.elapsed_us()),
+                           "args": {"npu runtime": evt.name}})
     if gc_events:
         gc_pid = host_pid * 100 + 3
         events += [{"ph": "M", "name": "process_name", "pid": gc_pid, "tid": 0, "args": {"name": "GC"}},
@@ -504,7 +517,9 @@ def export_ascend(prof, dir_name, worker_name=None, chrome_trace=None, config=No
     worker, root = _worker_dir(dir_name, worker_name)
     out = os.path.join(root, OUTPUT)
     os.makedirs(out)
-    base_us, kineto, ops, steps, kernels = _collect(prof)
+    base_us, kineto, ops, steps, kernels, api = _collect(prof)
+    if config.profiler_level in (ProfilerLevel.Level_none, ProfilerLevel.Level0):
+        api = []
     if not config.device_activities:
         kernels = []
     profile = _analyse.cost_profile()
@@ -522,7 +537,7 @@ def export_ascend(prof, dir_name, worker_name=None, chrome_trace=None, config=No
     hi = max((b for _, _, b in ranges), default=0.0)
     gc_events = [e for e in recorder.events if lo <= e[0] <= hi] if recorder is not None else []
     _trace_view(os.path.join(out, "trace_view.json"), ops, steps, kernels, ranges, base_us,
-                config.device_activities, chip, gc_events)
+                config.device_activities, chip, gc_events, api)
     _operator_details(os.path.join(out, "operator_details.csv"), ops, kernels)
     if config.device_activities:
         _kernel_details(os.path.join(out, "kernel_details.csv"), kernels, chip)

@@ -10,7 +10,8 @@ defaults, accepted by ``torch_npu.profiler.profile(experimental_config=...)``.
 
 What the emulator can honour: the profiler level decides what the Text export
 holds (Level_none: the host's ops only; Level0 and up: the npu's kernels, copies
-and fallbacks too); ``record_op_args`` asks for the ops' shapes (``record_shapes``).
+and fallbacks too; Level1 and up: the runtime's launches and stream waits under
+their CANN names, "Node@launch" and "AscendCL@aclrtSynchronizeStream", on a "CANN" track); ``record_op_args`` asks for the ops' shapes (``record_shapes``).
 The emulated npu has no AI-core performance counters and no L2 cache to sample:
 ``aic_metrics`` and ``l2_cache`` are validated and recorded in the export's
 ``profiler_info.json``, and the export writes no counter columns, as the adapter
