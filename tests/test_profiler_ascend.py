@@ -364,3 +364,10 @@ def test_level1_adds_the_cann_layer(tmp_path):
     launches, events = cann_events(npu_profiler.ProfilerLevel.Level1)
     assert launches >= 6 and sum(e["name"] == "Node@launch" for e in events) == launches
     assert cann_events(npu_profiler.ProfilerLevel.Level0)[1] == []
+
+
+def test_cpu_only_profile_writes_no_device_files(tmp_path):
+    with npu_profiler.profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.randn(8, device="npu").relu().sum().item()
+    out = Path(prof.export_ascend(str(tmp_path))) / ascend.OUTPUT
+    assert sorted(p.name for p in out.iterdir()) == ["operator_details.csv", "trace_view.json"]

@@ -520,7 +520,10 @@ def export_ascend(prof, dir_name, worker_name=None, chrome_trace=None, config=No
     base_us, kineto, ops, steps, kernels, api = _collect(prof)
     if config.profiler_level in (ProfilerLevel.Level_none, ProfilerLevel.Level0):
         api = []
-    if not config.device_activities:
+    activities = getattr(prof, "activities", None)   # None: torch.autograd.profiler.profile(use_device="npu")
+    device_activities = config.device_activities and (
+        activities is None or torch.profiler.ProfilerActivity.PrivateUse1 in activities)
+    if not device_activities:
         kernels = []
     profile = _analyse.cost_profile()
     chip = profile.device_name if profile is not None and any(k.projected_us is not None for k in kernels) else None
@@ -537,9 +540,9 @@ def export_ascend(prof, dir_name, worker_name=None, chrome_trace=None, config=No
     hi = max((b for _, _, b in ranges), default=0.0)
     gc_events = [e for e in recorder.events if lo <= e[0] <= hi] if recorder is not None else []
     _trace_view(os.path.join(out, "trace_view.json"), ops, steps, kernels, ranges, base_us,
-                config.device_activities, chip, gc_events, api)
+                device_activities, chip, gc_events, api)
     _operator_details(os.path.join(out, "operator_details.csv"), ops, kernels)
-    if config.device_activities:
+    if device_activities:
         _kernel_details(os.path.join(out, "kernel_details.csv"), kernels, chip)
         _op_statistic(os.path.join(out, "op_statistic.csv"), kernels, chip)
         _step_trace_time(os.path.join(out, "step_trace_time.csv"), ranges, kernels)
