@@ -277,7 +277,9 @@ def test_legacy_npu_tensor_files_load_with_weights_only(tmp_path, info):
 
 
 def test_overflow_names_on_a_chip_with_inf_nan():
-    assert torch.npu.is_support_inf_nan() and torch_npu.npu.utils.is_support_inf_nan()
+    if not torch_npu.npu.utils.is_support_inf_nan():
+        pytest.skip(f"profile {torch.npu.get_profile()!r} saturates: test_overflow_flag_on_a_saturating_chip's case")
+    assert torch.npu.is_support_inf_nan()
     check = torch_npu.npu.utils.npu_check_overflow
     assert check(torch.tensor([1.0, float("inf")], device="npu"))
     assert check(torch.tensor([float("nan")], device="npu", dtype=torch.float16))
