@@ -256,7 +256,8 @@ def test_advisor_all_names_the_fallback_and_the_time(exported, tmp_path):
     events = json.loads((out / "trace_view.json").read_text())
     overlap = next(e["pid"] for e in events if e.get("name") == "process_name"
                    and e["args"]["name"] == "Overlap Analysis")
-    computing_ms = sum(float(e["dur"]) for e in events if e.get("pid") == overlap and e.get("name") == "Computing") / 1e3
+    computing_ms = sum(float(e["dur"]) for e in events
+                       if e.get("pid") == overlap and e.get("name") == "Computing") / 1e3
     assert float(found.group(1)) == pytest.approx(computing_ms, rel=0.02, abs=0.01)
     assert list(tmp_path.glob("mstt_advisor_*.html"))
 

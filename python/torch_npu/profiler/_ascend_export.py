@@ -50,7 +50,8 @@ _NO_MODEL = 4294967295        # the adapter's Model ID of a kernel launched eage
 _HW_PID_LABEL = "Ascend Hardware"
 _OVERLAP_PID_LABEL = "Overlap Analysis"
 
-KERNEL_DETAILS = ["Step Id", "Device_id", "Model ID", "Task ID", "Stream ID", "Name", "Type", "Accelerator Core", "Start Time(us)", "Duration(us)",
+KERNEL_DETAILS = ["Step Id", "Device_id", "Model ID", "Task ID", "Stream ID", "Name", "Type", "Accelerator Core",
+                  "Start Time(us)", "Duration(us)",
                   "Wait Time(us)", "Input Shapes", "Input Data Types", "Input Formats", "Output Shapes",
                   "Output Data Types", "Output Formats"]
 OP_STATISTIC = ["OP Type", "Core Type", "Count", "Total Time(us)", "Min Time(us)", "Avg Time(us)", "Max Time(us)",
@@ -216,7 +217,8 @@ def _kernel_details(path, kernels, chip):
     header = KERNEL_DETAILS + (["Projected Duration(us)"] if chip else [])
     rows = []
     for k in kernels:
-        row = [k.step, k.device, _NO_MODEL, k.task_id, k.stream, k.name, _op_type(k.name), k.core, _us(k.start_us) + "\t", _us(k.dur_us),
+        row = [k.step, k.device, _NO_MODEL, k.task_id, k.stream, k.name, _op_type(k.name), k.core,
+               _us(k.start_us) + "\t", _us(k.dur_us),
                _us(k.wait_us), _shapes(k.shapes), _dtypes(k.dtypes), ";".join(["ND"] * len(k.shapes)),
                "", "", ""]   # outputs: PyTorch's profiler records the inputs only
         if chip:
@@ -392,7 +394,8 @@ def _trace_view(path, ops, steps, kernels, ranges, base_us, device_activities, c
         events.append({"ph": "X", "cat": "cpu_op", "name": f"ProfilerStep#{step}", "pid": host_pid,
                        "tid": next(iter(threads), 0), "ts": _us(lo), "dur": _us(hi - lo), "args": {}})
     for tid in sorted(threads):
-        events.append({"ph": "M", "name": "thread_name", "pid": host_pid, "tid": tid, "args": {"name": f"Thread {tid}"}})
+        events.append({"ph": "M", "name": "thread_name", "pid": host_pid, "tid": tid,
+                       "args": {"name": f"Thread {tid}"}})
     if api:
         cann_pid = host_pid * 100 + 4
         events += [{"ph": "M", "name": "process_name", "pid": cann_pid, "tid": 0, "args": {"name": "CANN"}},

@@ -11,16 +11,18 @@ defaults, accepted by ``torch_npu.profiler.profile(experimental_config=...)``.
 What the emulator can honour: the profiler level decides what the Text export
 holds (Level_none: the host's ops only; Level0 and up: the npu's kernels, copies
 and fallbacks too; Level1 and up: the runtime's launches and stream waits under
-their CANN names, "Node@launch" and "AscendCL@aclrtSynchronizeStream", on a "CANN" track); ``record_op_args`` asks for the ops' shapes (``record_shapes``).
-The emulated npu has no AI-core performance counters and no L2 cache to sample:
+their CANN names, "Node@launch" and "AscendCL@aclrtSynchronizeStream", on a "CANN"
+track); ``record_op_args`` asks for the ops' shapes (``record_shapes``). The
+emulated npu has no AI-core performance counters and no L2 cache to sample:
 ``aic_metrics`` and ``l2_cache`` are validated and recorded in the export's
 ``profiler_info.json``, and the export writes no counter columns, as the adapter
 does at Level0. ``gc_detect_threshold`` (milliseconds) records Python's garbage
-collections at least that long ("GC" events in trace_view.json, which msprof-analyze's
-GC check reads). ``data_simplification``, ``msprof_tx``, ``host_sys``, ``mstx*``,
-``sys_io`` and ``sys_interconnection`` are validated and recorded only (the export has
-no intermediate data to simplify, nor those system samples). ``ExportType.Db`` (the adapter's SQLite export) is not written by
-the npu's profiler: asking for it is an error.
+collections at least that long ("GC" events in trace_view.json, which
+msprof-analyze's GC check reads). ``data_simplification``, ``msprof_tx``,
+``host_sys``, ``mstx*``, ``sys_io`` and ``sys_interconnection`` are validated and
+recorded only (the export has no intermediate data to simplify, nor those system
+samples). ``ExportType.Db`` (the adapter's SQLite export) is not written by the
+npu's profiler: asking for it is an error.
 
 Invalid values raise ``ValueError`` naming the valid ones (the adapter warns and
 resets them to defaults).
