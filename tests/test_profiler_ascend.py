@@ -290,12 +290,16 @@ def test_compare_reads_two_profiles(exported, tmp_path):
 def test_cluster_reads_two_ranks(tmp_path):
     runs = tmp_path / "cluster"
     step_computing = {}
+    before = os.environ.get("RANK")
     for rank in (0, 1):
-        os.environ["RANK"] = str(rank)
+        os.environ["RANK"] = str(rank)      # as torchrun sets it
         try:
             prof = profile_to(str(runs), f"rank{rank}", project=False)
         finally:
-            del os.environ["RANK"]
+            if before is None:
+                del os.environ["RANK"]
+            else:
+                os.environ["RANK"] = before
         root = Path(prof.npu_ascend_output)
         assert (root / f"profiler_info_{rank}.json").exists()
         _, steps = read_csv(root / ascend.OUTPUT / "step_trace_time.csv")
