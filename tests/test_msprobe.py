@@ -301,6 +301,10 @@ x = torch.full((4,), 60000.0, dtype=torch.float16, device="npu")
 y = x * 2                                          # saturates to 65504 and raises the flag
 assert y.max().item() == 65504.0
 assert utils.get_npu_overflow_flag() and utils.get_npu_overflow_flag()   # reading does not lower it
+found = torch.zeros(1, device="npu")                 # nor hide it from GradScaler's unscale
+torch._amp_foreach_non_finite_check_and_unscale_([torch.ones(2, device="npu")], found, torch.ones(1, device="npu"))
+assert found.item() == 1.0 and not utils.get_npu_overflow_flag()
+y = x * 2
 torch.npu.clear_npu_overflow_flag()
 assert not utils.get_npu_overflow_flag()
 assert not utils.npu_check_overflow(x + 1)

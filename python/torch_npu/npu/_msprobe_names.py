@@ -12,14 +12,10 @@ calls ``torch.npu.clear_npu_overflow_flag()`` before each API it reruns and
   npu_check_overflow) and ``clear_npu_overflow_flag()`` does nothing.
 """
 import math
-import threading
 
 import torch
 
 __all__ = ["clear_npu_overflow_flag", "get_npu_overflow_flag", "is_support_inf_nan", "npu_check_overflow"]
-
-_lock = threading.Lock()
-_flag_up = False   # the chip's flag as last read (reading it takes it from the runtime)
 
 
 def is_support_inf_nan() -> bool:
@@ -28,17 +24,19 @@ def is_support_inf_nan() -> bool:
     return _profiles.active().inf_nan
 
 
-def _read_flag() -> bool:
-    """Takes the runtime's flag into ours. The runtime gives it to GradScaler's unscale kernel
+def _take_flag() -> bool:
+    """Reads and lowers the runtime's flag. The runtime gives it to GradScaler's unscale kernel
     (its found_inf turns 1 when the flag was up), so that kernel, run on a zero tensor, reads it
     in stream order: after every kernel launched before."""
-    global _flag_up
     found = torch.zeros(1, device="npu")
     torch._amp_foreach_non_finite_check_and_unscale_([torch.zeros(1, device="npu")], found,
                                                      torch.ones(1, device="npu"))
-    with _lock:
-        _flag_up = _flag_up or bool(found.item())
-        return _flag_up
+    return bool(found.item())
+
+
+def _raise_flag() -> None:
+    """Raises the flag again the way a kernel does: a float16 product that saturates."""
+    torch.full((1,), 65504.0, dtype=torch.float16, device="npu") * 2
 
 
 def get_npu_overflow_flag() -> bool:
@@ -48,17 +46,16 @@ def get_npu_overflow_flag() -> bool:
         raise RuntimeError(f"torch.npu.get_npu_overflow_flag: the chip of profile '{_profiles.active().name}' "
                            f"writes inf/nan on overflow and raises no overflow flag; use "
                            f"torch_npu.npu.utils.npu_check_overflow(tensor), which checks the tensor")
-    return _read_flag()
+    up = _take_flag()
+    if up:
+        _raise_flag()   # reading leaves it up, for GradScaler's next unscale as for the next read
+    return up
 
 
 def clear_npu_overflow_flag() -> None:
     """Lowers the overflow flag (nothing to lower on a chip with inf/nan)."""
-    global _flag_up
-    if is_support_inf_nan():
-        return
-    _read_flag()
-    with _lock:
-        _flag_up = False
+    if not is_support_inf_nan():
+        _take_flag()
 
 
 def npu_check_overflow(grad) -> bool:
@@ -72,7 +69,4 @@ def npu_check_overflow(grad) -> bool:
         else:
             raise TypeError(f"npu_check_overflow: expected a tensor or a float, got {type(grad).__name__}")
         return math.isinf(total) or math.isnan(total)
-    up = _read_flag()
-    if up:
-        clear_npu_overflow_flag()
-    return up
+    return _take_flag()
