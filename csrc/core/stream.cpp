@@ -123,7 +123,11 @@ StreamHold::~StreamHold() {
 
 namespace {
 std::atomic<int> g_sync_debug_mode{0};
+thread_local int t_sync_checked = 0;
 }  // namespace
+
+SyncChecked::SyncChecked() { ++t_sync_checked; }
+SyncChecked::~SyncChecked() { --t_sync_checked; }
 
 void setSyncDebugMode(int mode) {
   TORCH_CHECK(mode >= 0 && mode <= 2, "torch.npu.set_sync_debug_mode: invalid value ", mode,
@@ -135,7 +139,7 @@ int syncDebugMode() { return g_sync_debug_mode.load(std::memory_order_relaxed); 
 
 void checkSync(const char* what) {
   const int mode = g_sync_debug_mode.load(std::memory_order_relaxed);
-  if (C10_LIKELY(mode == 0)) return;
+  if (C10_LIKELY(mode == 0) || t_sync_checked > 0) return;
   if (mode == 1) {
     TORCH_WARN("called a synchronizing npu operation: ", what,
                " waits for the npu's queued work (torch.npu.set_sync_debug_mode(\"warn\"))");

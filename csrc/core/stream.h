@@ -50,5 +50,14 @@ bool holdingStream(c10::DeviceIndex device, int64_t stream_id);
 void setSyncDebugMode(int mode);
 int syncDebugMode();
 void checkSync(const char* what);
+// While one lives on this thread, checkSync says nothing: the operation that
+// contains the nested ones (.item() copying to the host) was checked already.
+class SyncChecked {
+ public:
+  SyncChecked();
+  ~SyncChecked();
+  SyncChecked(const SyncChecked&) = delete;
+  SyncChecked& operator=(const SyncChecked&) = delete;
+};
 
 }  // namespace npu

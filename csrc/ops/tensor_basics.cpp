@@ -175,9 +175,12 @@ at::Tensor& fillTensor(at::Tensor& self, const at::Tensor& value) {
 at::Tensor& zero(at::Tensor& self) { return fillScalar(self, 0); }
 
 c10::Scalar localScalarDense(const at::Tensor& self) {
-  // Memory the host cannot address comes over by a stream copy.
-  if (!hostAddressable(self.device().index())) return self.cpu().item();
   checkSync("Tensor.item()");
+  // Memory the host cannot address comes over by a stream copy.
+  if (!hostAddressable(self.device().index())) {
+    SyncChecked checked;
+    return self.cpu().item();
+  }
   StreamHold hold(self.device().index(), "Tensor.item()");
   return cpuAlias(self).item();
 }
