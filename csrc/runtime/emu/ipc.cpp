@@ -164,7 +164,7 @@ SharedArena::SharedArena(int device, std::size_t capacity)
     close(fd_);
     throw;
   }
-  free_.emplace(0, capacity_);
+  free_.give(0, capacity_);
 }
 
 SharedArena::~SharedArena() {
@@ -175,38 +175,17 @@ SharedArena::~SharedArena() {
 void* SharedArena::allocate(std::size_t size) {
   if (getpid() != owner_) return nullptr;  // a forked child: the file is its parent's memory
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second < size) continue;
-    const std::size_t offset = it->first;
-    const std::size_t rest = it->second - size;
-    free_.erase(it);
-    if (rest > 0) free_.emplace(offset + size, rest);
-    return base_ + offset;
-  }
-  return nullptr;
+  const auto offset = free_.take(size);
+  return offset ? base_ + *offset : nullptr;
 }
 
 void SharedArena::free(void* ptr, std::size_t size) {
-  std::size_t offset = static_cast<std::size_t>(static_cast<char*>(ptr) - base_);
   std::lock_guard<std::mutex> lock(mutex_);
-  auto next = free_.lower_bound(offset);
-  if (next != free_.end() && offset + size == next->first) {
-    size += next->second;
-    next = free_.erase(next);
-  }
-  if (next != free_.begin()) {
-    auto before = std::prev(next);
-    if (before->first + before->second == offset) {
-      offset = before->first;
-      size += before->second;
-      free_.erase(before);
-    }
-  }
-  free_.emplace(offset, size);
+  const auto [offset, merged] = free_.give(static_cast<std::size_t>(static_cast<char*>(ptr) - base_), size);
   if (getpid() != owner_) return;  // a forked child: the pages are its parent's
   // The whole pages of the free range go back to the system.
   const std::size_t first = (offset + kPage - 1) / kPage * kPage;
-  const std::size_t last = (offset + size) / kPage * kPage;
+  const std::size_t last = (offset + merged) / kPage * kPage;
   if (last > first) fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(first),
                               static_cast<off_t>(last - first));
 }

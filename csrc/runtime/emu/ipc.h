@@ -22,6 +22,8 @@
 #include <mutex>
 #include <string>
 
+#include "free_ranges.h"
+
 namespace npu::runtime::emu {
 
 class SharedArena {
@@ -49,7 +51,7 @@ class SharedArena {
   uint64_t dev_ = 0;
   uint64_t ino_ = 0;
   std::mutex mutex_;
-  std::map<std::size_t, std::size_t> free_;  // offset -> size, coalesced
+  FreeRanges free_;
 };
 
 // Maps the allocation a handle names (any process's, this one's too) and

@@ -114,7 +114,7 @@ ProtectedArena::ProtectedArena(std::size_t capacity) : capacity_(roundToPage(std
                              " bytes of address space: " + std::strerror(errno));
   }
   base_ = static_cast<char*>(memory);
-  free_.emplace(0, capacity_);
+  free_.give(0, capacity_);
   installFaultHandler();
   std::lock_guard<std::mutex> lock(g_gate_mutex);
   int slot = 0;
@@ -149,35 +149,15 @@ ProtectedArena::~ProtectedArena() {
 void* ProtectedArena::allocate(std::size_t size) {
   size = roundToPage(std::max<std::size_t>(size, 1));
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second < size) continue;
-    const std::size_t offset = it->first;
-    const std::size_t rest = it->second - size;
-    free_.erase(it);
-    if (rest > 0) free_.emplace(offset + size, rest);
-    return base_ + offset;
-  }
-  return nullptr;
+  const auto offset = free_.take(size);
+  return offset ? base_ + *offset : nullptr;
 }
 
 void ProtectedArena::free(void* ptr, std::size_t size) {
   size = roundToPage(std::max<std::size_t>(size, 1));
-  std::size_t offset = static_cast<std::size_t>(static_cast<char*>(ptr) - base_);
   madvise(ptr, size, MADV_DONTNEED);
   std::lock_guard<std::mutex> lock(mutex_);
-  auto next = free_.lower_bound(offset);
-  if (next != free_.end() && offset + size == next->first) {  // merge with the range after
-    size += next->second;
-    next = free_.erase(next);
-  }
-  if (next != free_.begin()) {
-    auto before = std::prev(next);
-    if (before->first + before->second == offset) {  // and with the one before
-      before->second += size;
-      return;
-    }
-  }
-  free_.emplace(offset, size);
+  free_.give(static_cast<std::size_t>(static_cast<char*>(ptr) - base_), size);
 }
 
 void DeviceWork::begin() {

@@ -15,6 +15,8 @@
 #include <map>
 #include <mutex>
 
+#include "free_ranges.h"
+
 namespace npu::runtime::emu {
 
 // One device's memory: `capacity` bytes of address space, reserved without
@@ -37,7 +39,7 @@ class ProtectedArena {
   char* base_;
   std::size_t capacity_;
   std::mutex mutex_;
-  std::map<std::size_t, std::size_t> free_;  // offset -> size, coalesced
+  FreeRanges free_;
 };
 
 // Opens every protected arena while at least one DeviceWork is alive.
