@@ -151,6 +151,20 @@ bool pruneSends(Producer& p, SentData* sent) {
   return sends.empty();
 }
 
+// Under the producer's mutex: takes out of the limbo what no consumer holds any
+// more, into `freed` (deleted by the caller, outside the mutex).
+void collectLimbo(Producer& p, std::vector<SentData*>* freed) {
+  for (auto it = p.limbo.begin(); it != p.limbo.end();) {
+    if (pruneSends(p, *it)) {
+      freed->push_back(*it);
+      --p.alive;
+      it = p.limbo.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 void deleteSent(void* ctx) {
   auto* sent = static_cast<SentData*>(ctx);
   auto& p = producer();
@@ -314,15 +328,7 @@ SharedStorage shareStorage(const c10::Storage& storage) {
     out.ref_counter_slot = slot.index;
     sent->sends.push_back(SentData::Send{slot, std::move(event)});
     // Each send also empties the limbo (CUDA's producer collects as it sends).
-    for (auto it = p.limbo.begin(); it != p.limbo.end();) {
-      if (pruneSends(p, *it)) {
-        freed.push_back(*it);
-        --p.alive;
-        it = p.limbo.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    collectLimbo(p, &freed);
   }
   for (auto* f : freed) delete f;
   return out;
@@ -370,15 +376,7 @@ std::size_t collect() {
   std::size_t held = 0;
   {
     std::lock_guard<std::mutex> lock(p.mutex);
-    for (auto it = p.limbo.begin(); it != p.limbo.end();) {
-      if (pruneSends(p, *it)) {
-        freed.push_back(*it);
-        --p.alive;
-        it = p.limbo.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    collectLimbo(p, &freed);
     held = p.limbo.size();
   }
   for (auto* f : freed) delete f;
