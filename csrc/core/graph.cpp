@@ -84,55 +84,52 @@ bool currentStreamCapturing(c10::DeviceIndex device) {
   return captureOfCurrentStream(device) != nullptr;
 }
 
+template <class Fill>
+bool Graph::record(c10::DeviceIndex device, Fill fill) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  Capture* c = captureOfCurrentStream(device);
+  if (c == nullptr) return false;
+  Node node;
+  fill(node);
+  c->graph->nodes_.push_back(std::move(node));
+  return true;
+}
+
 bool recordKernel(c10::DeviceIndex device, const char* name, const runtime::Kernel& kernel, std::size_t bytes) {
   if (g_active.load(std::memory_order_acquire) == 0) return false;
   device = resolveDevice(device);
   refuseIfJoined(device, name);
-  std::lock_guard<std::mutex> lock(g_mutex);
-  Capture* c = captureOfCurrentStream(device);
-  if (c == nullptr) return false;
-  Graph::Node node;
-  node.name = intern(name);
-  node.kernel = kernel;
-  node.bytes = bytes;
-  c->graph->nodes_.push_back(std::move(node));
-  return true;
+  return Graph::record(device, [&](Graph::Node& node) {
+    node.name = intern(name);
+    node.kernel = kernel;
+    node.bytes = bytes;
+  });
 }
 
 bool recordRandomKernel(c10::DeviceIndex device, const char* name, std::vector<c10::IValue> sources,
                         RandomKernel kernel, std::size_t bytes) {
   if (g_active.load(std::memory_order_acquire) == 0) return false;
-  device = resolveDevice(device);
-  std::lock_guard<std::mutex> lock(g_mutex);
-  Capture* c = captureOfCurrentStream(device);
-  if (c == nullptr) return false;
-  Graph::Node node;
-  node.name = intern(name);
-  node.random = std::move(kernel);
-  node.sources = std::move(sources);
-  node.bytes = bytes;
-  c->graph->nodes_.push_back(std::move(node));
-  return true;
+  return Graph::record(resolveDevice(device), [&](Graph::Node& node) {
+    node.name = intern(name);
+    node.random = std::move(kernel);
+    node.sources = std::move(sources);
+    node.bytes = bytes;
+  });
 }
 
 bool recordCopy(c10::DeviceIndex device, void* dst, const void* src, std::size_t n, runtime::CopyKind kind,
                 c10::Storage keep) {
   if (g_active.load(std::memory_order_acquire) == 0) return false;
-  device = resolveDevice(device);
-  std::lock_guard<std::mutex> lock(g_mutex);
-  Capture* c = captureOfCurrentStream(device);
-  if (c == nullptr) return false;
-  Graph::Node node;
-  node.name = kind == runtime::CopyKind::HostToDevice   ? "Memcpy HtoD"
-              : kind == runtime::CopyKind::DeviceToHost ? "Memcpy DtoH"
-                                                        : "Memcpy DtoD";
-  node.dst = dst;
-  node.src = src;
-  node.bytes = n;
-  node.kind = kind;
-  node.keep = std::move(keep);
-  c->graph->nodes_.push_back(std::move(node));
-  return true;
+  return Graph::record(resolveDevice(device), [&](Graph::Node& node) {
+    node.name = kind == runtime::CopyKind::HostToDevice   ? "Memcpy HtoD"
+                : kind == runtime::CopyKind::DeviceToHost ? "Memcpy DtoH"
+                                                          : "Memcpy DtoD";
+    node.dst = dst;
+    node.src = src;
+    node.bytes = n;
+    node.kind = kind;
+    node.keep = std::move(keep);
+  });
 }
 
 HostWorkAllowed::HostWorkAllowed() { ++t_host_work_allowed; }
@@ -140,15 +137,10 @@ HostWorkAllowed::~HostWorkAllowed() { --t_host_work_allowed; }
 
 bool recordHostWork(c10::DeviceIndex device, const char* name, std::function<void()> work) {
   if (g_active.load(std::memory_order_acquire) == 0) return false;
-  device = resolveDevice(device);
-  std::lock_guard<std::mutex> lock(g_mutex);
-  Capture* c = captureOfCurrentStream(device);
-  if (c == nullptr) return false;
-  Graph::Node node;
-  node.name = intern(name);
-  node.host = std::move(work);
-  c->graph->nodes_.push_back(std::move(node));
-  return true;
+  return Graph::record(resolveDevice(device), [&](Graph::Node& node) {
+    node.name = intern(name);
+    node.host = std::move(work);
+  });
 }
 
 void checkNotCapturing(c10::DeviceIndex device, const char* what) {

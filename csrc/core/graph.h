@@ -137,6 +137,10 @@ class Graph final : public at::GraphImplInterface {
   friend bool recordHostWork(c10::DeviceIndex, const char*, std::function<void()>);
   friend bool recordRandomKernel(c10::DeviceIndex, const char*, std::vector<c10::IValue>, RandomKernel, std::size_t);
   void leaveCapture();
+  // Appends a node that `fill` fills to the capture of this thread's current stream
+  // of `device` (the record* functions); false when that stream is not capturing.
+  template <class Fill>
+  static bool record(c10::DeviceIndex device, Fill fill);
 
   std::vector<Node> nodes_;
   c10::DeviceIndex device_ = -1;
