@@ -565,18 +565,18 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
 void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device,
                              c10::DispatchKeySet cpu_keys) {
   const auto& schema = op.schema();
+  std::optional<graph::HostWorkAllowed> view_in_capture;   // a view reads no data: it runs now
   if (C10_UNLIKELY(graph::currentStreamCapturing(device.index()))) {
     if (!returnsView(schema)) {
       captureHostOp(op, stack, device, cpu_keys);
       return;
     }
+    view_in_capture.emplace();
   }
   if (C10_UNLIKELY(syncDebugMode() != 0) &&
       sizeDependsOnData(schema.name(), *stack, stack->size() - schema.arguments().size())) {
     checkSync(schema.name().c_str());
   }
-  std::optional<graph::HostWorkAllowed> view_in_capture;   // a view reads no data: it runs now
-  if (C10_UNLIKELY(graph::currentStreamCapturing(device.index()))) view_in_capture.emplace();
   const size_t n = schema.arguments().size();
   const size_t begin = stack->size() - n;
   HostExecution exec(device, op.operator_name().name.c_str());
