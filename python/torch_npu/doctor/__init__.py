@@ -76,7 +76,8 @@ class Doctor:
 
     def __init__(self, compare=False, profile=True, progress=False, script=None, steps_at=None, target=None):
         self.compare, self.profile, self.progress = compare, profile, progress
-        self.target = _check_target(target) if target is not None else None
+        self._chip = _check_target(target) if target is not None else None
+        self.target = target
         self.script = script or (sys.argv[0] if sys.argv and sys.argv[0] else "<python>")
         self.steps_at = _parse_steps_at(steps_at) if steps_at is not None else None
         self.findings = []
@@ -103,7 +104,7 @@ class Doctor:
         self._compile_before = _compiled.snapshot()
         self._comparator = Comparator() if self.compare else None
         self.monitor = _monitor.Monitor(self._comparator, watch_overflow=self.target is not None
-                                        and not _profiles_load(self.target).inf_nan)
+                                        and not self._chip.inf_nan)
         # What marks the iterations: "loop" (found), "optimizer", "manual" (step()), "line" (steps_at).
         self.clock = "line" if self.steps_at is not None else "loop"
         self.monitor.on_loop_step = self._loop_step
@@ -318,18 +319,14 @@ class Doctor:
             return {"error": f"{type(e).__name__}: {e}"}
 
 
-def _profiles_load(name):
-    from .. import _profiles
-    return _profiles.load(name)
-
-
 def _check_target(name):
     """The chip profile ``name`` (a ValueError naming the chips when it is none)."""
     from .. import _profiles
-    if _profiles.load(name).cost is None:
+    chip = _profiles.load(name)
+    if chip.cost is None:
         raise ValueError(f"device profile {name!r} is no chip; pick one of "
                          + ", ".join(n for n in _profiles.names() if n != _profiles.GENERIC))
-    return name
+    return chip
 
 
 def _parse_steps_at(where):

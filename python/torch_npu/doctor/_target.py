@@ -195,7 +195,8 @@ def rank(run, findings, target):
     and on the chip (under _MINOR_SHARE of the projected time of the run's iterations)."""
     from ._findings import _MINOR_SHARE, _UNFLOORED, emulated_cost, emulated_floor, rank_key
     out = verdict(run, target)
-    chip_cost = _chip_cost(target)
+    from .. import _profiles
+    chip_cost = _profiles.load(target).cost
     if not chip_cost:
         return out
     iterations = run.steps if out.steps else 0
@@ -211,7 +212,3 @@ def rank(run, findings, target):
                   for i, f in enumerate(findings, 1) if f.projected_s]
     return out
 
-
-def _chip_cost(target):
-    from .. import _profiles
-    return _profiles.load(target).cost
