@@ -55,6 +55,14 @@ from ._fused import (  # noqa: E402
     npu_rotary_mul,
     npu_swiglu,
 )
+from ._llm_position import (  # noqa: E402
+    npu_apply_rotary_pos_emb,
+    npu_interleave_rope,
+    npu_mrope,
+    npu_scaled_masked_softmax,
+    npu_top_k_top_p,
+    npu_transpose_batchmatmul,
+)
 from .fallback import (  # noqa: E402
     FallbackStats,
     NPUFallbackMode,

@@ -1,0 +1,1032 @@
+// The positional and sampling operators LLM serving and training code calls on
+// the Ascend adapter, with its signatures, defaults and results:
+//   npu_apply_rotary_pos_emb (rotary embedding of query and key, in place),
+//   npu_mrope (rotary / multimodal rotary embedding from a cos-sin cache),
+//   npu_interleave_rope (rotary embedding of interleaved pairs),
+//   npu_top_k_top_p (the top-k / top-p filter on logits),
+//   npu_scaled_masked_softmax (and its backward),
+//   npu_transpose_batchmatmul (a batched matmul between permutations).
+// The memory-bound kernels are one pass over rows, parallel with
+// at::parallel_for, computing in float for the 16-bit types; on npu tensors they
+// run in stream order on host views of npu memory (HostExecution), on cpu
+// tensors directly. Their meta kernels (the same checks and shapes, for fake
+// tensors) are here; autograd is registered from Python (torch_npu/_llm_position.py).
+#include <ATen/Dispatch.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../../core/device.h"
+#include "../dtypes.h"
+#include "../host_execution.h"
+
+namespace npu::ops {
+namespace {
+
+// ---- running on the host -------------------------------------------------------------
+
+// Runs `compute` on host tensors: for npu inputs inside a HostExecution (so the
+// tensors it allocates are npu memory), for cpu inputs directly. `input` gives
+// a contiguous host tensor to read, `inout` the host alias to update in place
+// (see updateInPlace), `output` the result as a tensor of the inputs' device.
+template <class Compute>
+auto onHost(const char* op, std::initializer_list<std::reference_wrapper<const at::Tensor>> tensors,
+            Compute compute) {
+  const at::Tensor& first = tensors.begin()->get();
+  for (const at::Tensor& t : tensors) {
+    TORCH_CHECK(!t.defined() || t.device() == first.device(), "Expected all tensors to be on the same device, but "
+                "found at least two devices, ", first.device(), " and ", t.device(), "! (npu::", op,
+                "; move them with .to('", first.device(), "'))");
+  }
+  if (first.device().type() != kNPU) {
+    return compute([](const at::Tensor& t) { return t.defined() ? t.contiguous() : t; },
+                   [](const at::Tensor& t) { return t; }, [](const at::Tensor& t) { return t; });
+  }
+  HostExecution exec(first.device(), op);
+  return compute([&](const at::Tensor& t) { return t.defined() ? exec.alias(t).contiguous() : t; },
+                 [&](const at::Tensor& t) { return exec.alias(t); },
+                 [&](const at::Tensor& t) { return exec.toNpu(t); });
+}
+
+// Runs `kernel(contiguous)` so that its writes land in `target` (a host tensor):
+// directly when it is contiguous, else through a contiguous copy written back.
+template <class Kernel>
+void updateInPlace(const at::Tensor& target, Kernel kernel) {
+  if (target.is_contiguous()) {
+    kernel(target);
+    return;
+  }
+  at::Tensor dense = target.contiguous();
+  kernel(dense);
+  target.copy_(dense);
+}
+
+std::string names(DtypeSet set) { return set.pythonNames(); }
+
+void checkDtype(const char* op, const at::Tensor& t, const char* name, DtypeSet allowed, const char* remedy = "") {
+  TORCH_CHECK(allowed.contains(t.scalar_type()), "npu::", op, ": ", name, " must be ", names(allowed), " on ",
+              t.device(), ", got ", t.scalar_type(), remedy);
+}
+
+void checkSameDtype(const char* op, const at::Tensor& t, const char* name, const at::Tensor& like,
+                    const char* like_name) {
+  TORCH_CHECK(t.scalar_type() == like.scalar_type(), "npu::", op, ": ", name, " must have ", like_name, "'s dtype ",
+              like.scalar_type(), ", got ", t.scalar_type(), " (cast it with .to(", like_name, ".dtype))");
+}
+
+at::Tensor emptyLike(const at::Tensor& t) { return at::empty(t.sizes(), t.options()); }
+
+// Where each row of x (its last dimension) finds its row of r, r broadcast to x
+// (r's last dimension is x's).
+struct BroadcastRows {
+  std::vector<int64_t> sizes;    // x's sizes without the last
+  std::vector<int64_t> strides;  // r's expanded strides for them (0 where broadcast)
+  BroadcastRows(at::IntArrayRef x_sizes, const at::Tensor& r) {
+    const auto expanded = r.expand(x_sizes);
+    sizes.assign(x_sizes.begin(), x_sizes.end() - 1);
+    strides.assign(expanded.strides().begin(), expanded.strides().end() - 1);
+  }
+  int64_t offset(int64_t row) const {
+    int64_t off = 0;
+    for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
+      off += (row % sizes[d]) * strides[d];
+      row /= sizes[d];
+    }
+    return off;
+  }
+};
+
+// ---- vector loops ---------------------------------------------------------------------
+// float32 inner loops built for AVX-512, AVX2+FMA and the baseline, chosen at
+// load time; `omp simd` vectorises the reductions without fast-math.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define NPU_POSITION_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define NPU_POSITION_CLONES
+#endif
+
+// exp(x) in float that vectorises (std::exp does not): range reduction by
+// ln 2 in two parts, then a degree-6 polynomial; about 1 ulp over the range.
+inline __attribute__((always_inline)) float expApprox(float x) {
+  x = std::max(-87.3f, std::min(x, 88.37f));  // exp(-87.3) is the smallest normal float; beyond 88.37 it overflows
+  const float scaled = x * 1.44269504088896341f + 0.5f;
+  int32_t n = static_cast<int32_t>(scaled);
+  n -= scaled < static_cast<float>(n) ? 1 : 0;  // floor, without a library call
+  const float nf = static_cast<float>(n);
+  const float r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float poly = p * r * r + r + 1.0f;
+  return poly * std::bit_cast<float>((n + 127) << 23);
+}
+
+NPU_POSITION_CLONES float rowMax(const float* z, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, z[j]);
+  return m;
+}
+
+// z <- exp(z - m), returning the sum.
+NPU_POSITION_CLONES float expShiftedInPlace(float* z, float m, int64_t n) {
+  float s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < n; ++j) {
+    z[j] = expApprox(z[j] - m);
+    s += z[j];
+  }
+  return s;
+}
+
+// z <- mask ? -10000 : x * scale (the masked value is the Ascend kernel's).
+template <typename scalar_t>
+void scaleAndMask(const scalar_t* x, const bool* mask, int64_t mask_stride, float scale, float* z,
+                                      int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) z[j] = mask[j * mask_stride] ? -10000.0f : static_cast<float>(x[j]) * scale;
+}
+
+NPU_POSITION_CLONES float dotFloat(const float* a, const float* b, int64_t n) {
+  float s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < n; ++j) s += a[j] * b[j];
+  return s;
+}
+
+template <typename scalar_t>
+void loadRow(const scalar_t* x, float* out, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) out[j] = static_cast<float>(x[j]);
+}
+
+// ---- rotary rows ------------------------------------------------------------------------
+
+enum class RotaryMode { Half, Interleave };
+
+RotaryMode parseRotaryMode(const char* op, std::string_view mode) {
+  if (mode == "half") return RotaryMode::Half;
+  if (mode == "interleave") return RotaryMode::Interleave;
+  if (mode == "quarter") {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "npu::", op, ": rotary_mode 'quarter' (an Ascend 950 mode) is not "
+                                "implemented on this npu; use 'half' or 'interleave'");
+  }
+  TORCH_CHECK_VALUE(false, "npu::", op, ": rotary_mode must be 'half' or 'interleave', got '", mode, "'");
+}
+
+// One row x of d elements rotated with per-element cos/sin (d of each), in place
+// through the float buffer `buf`: y = x*c + rotate(x)*s, where rotate pairs
+// element j with j +- d/2 ("half") or with its neighbour j^1 ("interleave").
+template <typename scalar_t>
+void rotateRowFull(scalar_t* x, const scalar_t* c, const scalar_t* s, int64_t d, RotaryMode mode, float* buf) {
+  loadRow(x, buf, d);
+  const int64_t h = d / 2;
+  if (mode == RotaryMode::Half) {
+    for (int64_t j = 0; j < h; ++j) {
+      x[j] = static_cast<scalar_t>(buf[j] * float(c[j]) - buf[j + h] * float(s[j]));
+      x[j + h] = static_cast<scalar_t>(buf[j + h] * float(c[j + h]) + buf[j] * float(s[j + h]));
+    }
+  } else {
+    for (int64_t j = 0; j < d; j += 2) {
+      x[j] = static_cast<scalar_t>(buf[j] * float(c[j]) - buf[j + 1] * float(s[j]));
+      x[j + 1] = static_cast<scalar_t>(buf[j + 1] * float(c[j + 1]) + buf[j] * float(s[j + 1]));
+    }
+  }
+}
+
+// The first 2*h elements of x rotated with h cos/sin values shared by each pair
+// (the pair (j, j+h) for "half", (2j, 2j+1) for "interleave"), out of place;
+// the rest of the row, up to d, is copied. sin_sign -1 applies the inverse
+// rotation (the backward: a rotation's transpose).
+template <typename scalar_t>
+void rotateRowHalfTable(const scalar_t* x, const float* c, const float* s, float sin_sign, int64_t h, int64_t d,
+                        RotaryMode mode, scalar_t* y) {
+  if (mode == RotaryMode::Half) {
+    for (int64_t j = 0; j < h; ++j) {
+      const float a = float(x[j]), b = float(x[j + h]), sn = sin_sign * s[j];
+      y[j] = static_cast<scalar_t>(a * c[j] - b * sn);
+      y[j + h] = static_cast<scalar_t>(b * c[j] + a * sn);
+    }
+  } else {
+    for (int64_t j = 0; j < h; ++j) {
+      const float a = float(x[2 * j]), b = float(x[2 * j + 1]), sn = sin_sign * s[j];
+      y[2 * j] = static_cast<scalar_t>(a * c[j] - b * sn);
+      y[2 * j + 1] = static_cast<scalar_t>(b * c[j] + a * sn);
+    }
+  }
+  std::copy(x + 2 * h, x + d, y + 2 * h);
+}
+
+// ---- npu_apply_rotary_pos_emb ---------------------------------------------------------------
+
+// The index of the heads dimension (N) in each layout.
+int64_t headsDim(const char* op, std::string_view layout) {
+  if (layout == "BSND" || layout == "SBND") return 2;
+  if (layout == "BNSD") return 1;
+  if (layout == "TND") return 1;
+  TORCH_CHECK_VALUE(false, "npu::", op, ": layout must be 'BSND', 'SBND', 'BNSD' or 'TND', got '", layout, "'");
+}
+
+void checkApplyRotary(const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin,
+                      std::string_view layout, std::string_view rotary_mode) {
+  constexpr const char* op = "npu_apply_rotary_pos_emb";
+  parseRotaryMode(op, rotary_mode);
+  const int64_t n_dim = headsDim(op, layout);
+  const int64_t rank = layout == "TND" ? 3 : 4;
+  checkDtype(op, query, "query", floatingTypes());
+  checkSameDtype(op, key, "key", query, "query");
+  checkSameDtype(op, cos, "cos", query, "query");
+  checkSameDtype(op, sin, "sin", query, "query");
+  const std::initializer_list<std::pair<const at::Tensor*, const char*>> all = {
+      {&query, "query"}, {&key, "key"}, {&cos, "cos"}, {&sin, "sin"}};
+  for (const auto& [t, name] : all) {
+    TORCH_CHECK(t->dim() == rank, "npu::", op, ": with layout '", layout, "' ", name, " must have ", rank,
+                " dimensions, got shape ", t->sizes());
+  }
+  const int64_t d = query.size(-1);
+  TORCH_CHECK(d > 0 && d % 2 == 0 && d <= 1024, "npu::", op, ": the head dimension D of query (", d,
+              ") must be even and at most 1024");
+  for (int64_t i = 0; i < rank; ++i) {
+    if (i == n_dim) continue;
+    TORCH_CHECK(key.size(i) == query.size(i), "npu::", op, ": key ", key.sizes(), " must match query ", query.sizes(),
+                " in every dimension but N (dimension ", n_dim, " of layout '", layout, "')");
+  }
+  TORCH_CHECK(cos.sizes() == sin.sizes(), "npu::", op, ": cos ", cos.sizes(), " and sin ", sin.sizes(),
+              " must have the same shape");
+  // cos is query's shape with N = 1; the batch dimension may be 1 (broadcast).
+  const int64_t b_dim = layout == "SBND" ? 1 : (layout == "TND" ? -1 : 0);
+  for (int64_t i = 0; i < rank; ++i) {
+    const int64_t want = i == n_dim ? 1 : query.size(i);
+    const bool ok = cos.size(i) == want || (i == b_dim && cos.size(i) == 1);
+    TORCH_CHECK(ok, "npu::", op, ": with layout '", layout, "' cos and sin must have query's shape ", query.sizes(),
+                " with N = 1 (and B equal or 1), got ", cos.sizes());
+  }
+}
+
+// Rotates the rows of `query` and `key` in place.
+void applyRotaryInPlace(const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin,
+                        c10::string_view layout, c10::string_view rotary_mode) {
+  constexpr const char* op = "npu_apply_rotary_pos_emb";
+  checkApplyRotary(query, key, cos, sin, layout, rotary_mode);
+  const RotaryMode mode = parseRotaryMode(op, rotary_mode);
+  onHost(op, {query, key, cos, sin}, [&](auto input, auto inout, auto) {
+    const at::Tensor c = input(cos);
+    const at::Tensor s = input(sin);
+    const int64_t d = query.size(-1);
+    updateInPlace(inout(query), [&](const at::Tensor& q) {
+      updateInPlace(inout(key), [&](const at::Tensor& k) {
+        const int64_t q_rows = q.numel() / d, k_rows = k.numel() / d;
+        const BroadcastRows q_table(q.sizes(), c), k_table(k.sizes(), c);
+        NPU_DISPATCH_FLOATING_TYPES(q.scalar_type(), "npu_position_op", [&] {
+          scalar_t* qp = q.mutable_data_ptr<scalar_t>();
+          scalar_t* kp = k.mutable_data_ptr<scalar_t>();
+          const scalar_t* cp = c.const_data_ptr<scalar_t>();
+          const scalar_t* sp = s.const_data_ptr<scalar_t>();
+          // One range over the query rows, then the key rows.
+          at::parallel_for(0, q_rows + k_rows, 16, [&](int64_t begin, int64_t end) {
+            std::vector<float> buf(d);
+            for (int64_t row = begin; row < end; ++row) {
+              const bool is_q = row < q_rows;
+              const int64_t r = is_q ? row : row - q_rows;
+              const int64_t off = (is_q ? q_table : k_table).offset(r);
+              rotateRowFull((is_q ? qp : kp) + r * d, cp + off, sp + off, d, mode, buf.data());
+            }
+          });
+        });
+      });
+    });
+    return 0;
+  });
+}
+
+using InPlaceRotary = void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                           c10::string_view, c10::string_view);
+
+const c10::TypedOperatorHandle<InPlaceRotary>& inPlaceRotaryOp() {
+  static const auto handle = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("npu::npu_apply_rotary_pos_emb_inplace", "")
+                                 .typed<InPlaceRotary>();
+  return handle;
+}
+
+// The public op returns query and key themselves, updated: a composite of the
+// in-place op, so functionalization (torch.compile) sees a mutation without aliased results.
+std::tuple<at::Tensor, at::Tensor> applyRotaryPosEmb(const at::Tensor& query, const at::Tensor& key,
+                                                     const at::Tensor& cos, const at::Tensor& sin,
+                                                     c10::string_view layout, c10::string_view rotary_mode) {
+  inPlaceRotaryOp().call(query, key, cos, sin, layout, rotary_mode);
+  return {query, key};
+}
+
+// Autograd for the in-place op: the Ascend op has no backward, so tensors that
+// require grad are refused (rather than their graph silently cut); otherwise
+// it runs below autograd and bumps the version counters of what it updated.
+void applyRotaryInPlaceAutograd(const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos,
+                                const at::Tensor& sin, c10::string_view layout, c10::string_view rotary_mode) {
+  if (at::GradMode::is_enabled()) {
+    for (const at::Tensor* t : {&query, &key, &cos, &sin}) {
+      TORCH_CHECK(!t->requires_grad(), "npu::npu_apply_rotary_pos_emb updates query and key in place and has no "
+                  "backward (as on Ascend); got a tensor that requires grad on ", t->device(), ". For training use "
+                  "torch_npu.npu_rotary_mul (differentiable), or call it under torch.no_grad()");
+    }
+  }
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;  // on to the kernel (or fake tensors, functionalization)
+    inPlaceRotaryOp().call(query, key, cos, sin, layout, rotary_mode);
+  }
+  query.unsafeGetTensorImpl()->bump_version();
+  key.unsafeGetTensorImpl()->bump_version();
+}
+
+void applyRotaryInPlaceMeta(const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos,
+                            const at::Tensor& sin, c10::string_view layout, c10::string_view rotary_mode) {
+  checkApplyRotary(query, key, cos, sin, layout, rotary_mode);
+}
+
+// ---- npu_interleave_rope ---------------------------------------------------------------------
+
+void checkInterleaveRope(const char* op, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  checkDtype(op, x, "x", DtypeSet{at::kHalf, at::kBFloat16},
+             " (the Ascend op computes 16-bit types only; cast x, cos and sin with .half() or .bfloat16())");
+  checkSameDtype(op, cos, "cos", x, "x");
+  checkSameDtype(op, sin, "sin", x, "x");
+  TORCH_CHECK(x.dim() == 4 && x.size(3) == 64, "npu::", op, ": x must be [B, N, S, D] with D = 64 (the Ascend ",
+              "op's only head dimension), got ", x.sizes());
+  TORCH_CHECK(cos.sizes() == sin.sizes(), "npu::", op, ": cos ", cos.sizes(), " and sin ", sin.sizes(),
+              " must have the same shape");
+  TORCH_CHECK(cos.dim() == 4 && cos.size(0) == x.size(0) && cos.size(1) == 1 &&
+                  (cos.size(2) == 1 || cos.size(2) == x.size(2)) && cos.size(3) == 64,
+              "npu::", op, ": cos and sin must be [B, 1, S or 1, 64] for x ", x.sizes(), ", got ", cos.sizes());
+}
+
+// y = q*c + rotate_half(q)*s with q the de-interleaved x (x[0::2] then x[1::2]).
+at::Tensor interleaveRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  constexpr const char* op = "npu_interleave_rope";
+  checkInterleaveRope(op, x, cos, sin);
+  return onHost(op, {x, cos, sin}, [&](auto input, auto, auto output) {
+    const at::Tensor xh = input(x), c = input(cos), s = input(sin);
+    at::Tensor y = emptyLike(xh);
+    constexpr int64_t d = 64, h = 32;
+    const int64_t rows = xh.numel() / d;
+    const BroadcastRows table(xh.sizes(), c);
+    NPU_DISPATCH_FLOATING_TYPES(xh.scalar_type(), "npu_position_op", [&] {
+      const scalar_t* xp = xh.const_data_ptr<scalar_t>();
+      const scalar_t* cp = c.const_data_ptr<scalar_t>();
+      const scalar_t* sp = s.const_data_ptr<scalar_t>();
+      scalar_t* yp = y.mutable_data_ptr<scalar_t>();
+      at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+        for (int64_t row = begin; row < end; ++row) {
+          const scalar_t* xr = xp + row * d;
+          const scalar_t* cr = cp + table.offset(row);
+          const scalar_t* sr = sp + table.offset(row);
+          scalar_t* yr = yp + row * d;
+          for (int64_t j = 0; j < h; ++j) {
+            const float a = float(xr[2 * j]), b = float(xr[2 * j + 1]);
+            yr[j] = static_cast<scalar_t>(a * float(cr[j]) - b * float(sr[j]));
+            yr[j + h] = static_cast<scalar_t>(b * float(cr[j + h]) + a * float(sr[j + h]));
+          }
+        }
+      });
+    });
+    return output(y);
+  });
+}
+
+// dx for grad: dq = grad*c + rotate_half^T(grad*s), then interleaved back.
+at::Tensor interleaveRopeBackward(const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin) {
+  constexpr const char* op = "npu_interleave_rope_backward";
+  checkInterleaveRope(op, grad, cos, sin);
+  return onHost(op, {grad, cos, sin}, [&](auto input, auto, auto output) {
+    const at::Tensor g = input(grad), c = input(cos), s = input(sin);
+    at::Tensor dx = emptyLike(g);
+    constexpr int64_t d = 64, h = 32;
+    const int64_t rows = g.numel() / d;
+    const BroadcastRows table(g.sizes(), c);
+    NPU_DISPATCH_FLOATING_TYPES(g.scalar_type(), "npu_position_op", [&] {
+      const scalar_t* gp = g.const_data_ptr<scalar_t>();
+      const scalar_t* cp = c.const_data_ptr<scalar_t>();
+      const scalar_t* sp = s.const_data_ptr<scalar_t>();
+      scalar_t* dp = dx.mutable_data_ptr<scalar_t>();
+      at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+        for (int64_t row = begin; row < end; ++row) {
+          const scalar_t* gr = gp + row * d;
+          const scalar_t* cr = cp + table.offset(row);
+          const scalar_t* sr = sp + table.offset(row);
+          scalar_t* dr = dp + row * d;
+          for (int64_t j = 0; j < h; ++j) {
+            const float g1 = float(gr[j]), g2 = float(gr[j + h]);
+            dr[2 * j] = static_cast<scalar_t>(g1 * float(cr[j]) + g2 * float(sr[j + h]));
+            dr[2 * j + 1] = static_cast<scalar_t>(g2 * float(cr[j + h]) - g1 * float(sr[j]));
+          }
+        }
+      });
+    });
+    return output(dx);
+  });
+}
+
+at::Tensor interleaveRopeMeta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  checkInterleaveRope("npu_interleave_rope", x, cos, sin);
+  return emptyLike(x);
+}
+
+at::Tensor interleaveRopeBackwardMeta(const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin) {
+  checkInterleaveRope("npu_interleave_rope_backward", grad, cos, sin);
+  return emptyLike(grad);
+}
+
+// ---- npu_mrope ---------------------------------------------------------------------------------
+
+enum class CacheMode { Default, Interleave };
+
+struct MropeConfig {
+  int64_t head_size = 0, rotary_dim = 0, tokens = 0;
+  std::vector<int64_t> sections;  // empty: plain rope (positions 1-D)
+  RotaryMode mode = RotaryMode::Half;
+  CacheMode cache = CacheMode::Default;
+};
+
+MropeConfig checkMrope(const char* op, const at::Tensor& positions, const at::Tensor& query, const at::Tensor& key,
+                       const at::Tensor& cache, int64_t head_size, at::OptionalIntArrayRef mrope_section,
+                       std::optional<c10::string_view> rotary_mode, std::optional<c10::string_view> cache_mode) {
+  MropeConfig cfg;
+  cfg.mode = parseRotaryMode(op, rotary_mode.value_or("half"));
+  const std::string cache_name(cache_mode.value_or("default"));
+  TORCH_CHECK_VALUE(cache_name == "default" || cache_name == "interleave", "npu::", op,
+                    ": cache_mode must be 'default' or 'interleave', got '", cache_name, "'");
+  cfg.cache = cache_name == "interleave" ? CacheMode::Interleave : CacheMode::Default;
+  checkDtype(op, query, "query", floatingTypes());
+  checkSameDtype(op, key, "key", query, "query");
+  checkSameDtype(op, cache, "cos_sin_cache", query, "query");
+  checkDtype(op, positions, "positions", DtypeSet{at::kInt, at::kLong});
+  TORCH_CHECK(query.dim() == 2 && key.dim() == 2 && query.size(0) == key.size(0), "npu::", op,
+              ": query and key must be 2-D [num_tokens, heads * head_size] with the same num_tokens, got ",
+              query.sizes(), " and ", key.sizes(), " (flatten the heads with .reshape(num_tokens, -1))");
+  TORCH_CHECK(cache.dim() == 2, "npu::", op, ": cos_sin_cache must be 2-D [max_seq_len, rotary_dim], got ",
+              cache.sizes());
+  cfg.tokens = query.size(0);
+  cfg.head_size = head_size;
+  cfg.rotary_dim = cache.size(1);
+  const int64_t align = query.scalar_type() == at::kFloat ? 16 : 32;
+  TORCH_CHECK(head_size > 0 && head_size % align == 0, "npu::", op, ": head_size (", head_size,
+              ") must be a positive multiple of ", align, " for ", query.scalar_type());
+  TORCH_CHECK(cfg.rotary_dim > 0 && cfg.rotary_dim % align == 0 && cfg.rotary_dim <= head_size, "npu::", op,
+              ": rotary_dim (cos_sin_cache's last dimension, ", cfg.rotary_dim, ") must be a multiple of ", align,
+              " for ", query.scalar_type(), " and at most head_size ", head_size);
+  TORCH_CHECK(query.size(1) % head_size == 0 && key.size(1) % head_size == 0, "npu::", op,
+              ": the last dimension of query (", query.size(1), ") and key (", key.size(1),
+              ") must be a multiple of head_size ", head_size);
+  std::vector<int64_t> sections;
+  if (mrope_section.has_value()) sections.assign(mrope_section->begin(), mrope_section->end());
+  const bool rope = std::all_of(sections.begin(), sections.end(), [](int64_t s) { return s == 0; });
+  if (rope) {
+    TORCH_CHECK(positions.dim() == 1 && positions.size(0) == cfg.tokens, "npu::", op,
+                ": without mrope_section (rope), positions must be 1-D [num_tokens = ", cfg.tokens, "], got ",
+                positions.sizes(), " (multimodal rope needs mrope_section, e.g. [16, 24, 24])");
+    TORCH_CHECK_VALUE(cfg.cache == CacheMode::Default, "npu::", op,
+                      ": cache_mode 'interleave' needs mrope_section (multimodal rope)");
+    return cfg;
+  }
+  TORCH_CHECK_VALUE(sections.size() == 3 || sections.size() == 4, "npu::", op,
+                    ": mrope_section must have 3 or 4 entries, got ", sections.size());
+  const int64_t total = std::accumulate(sections.begin(), sections.end(), int64_t(0));
+  TORCH_CHECK_VALUE(std::all_of(sections.begin(), sections.end(), [](int64_t s) { return s >= 0; }) &&
+                        total * 2 == cfg.rotary_dim,
+                    "npu::", op, ": the entries of mrope_section must be non-negative and sum to rotary_dim / 2 = ",
+                    cfg.rotary_dim / 2, ", got ", at::IntArrayRef(sections));
+  TORCH_CHECK(positions.dim() == 2 && positions.size(0) == static_cast<int64_t>(sections.size()) &&
+                  positions.size(1) == cfg.tokens,
+              "npu::", op, ": with mrope_section of ", sections.size(), " entries positions must be [",
+              sections.size(), ", num_tokens = ", cfg.tokens, "], got ", positions.sizes());
+  if (cfg.cache == CacheMode::Interleave) {
+    // The Ascend op interleaves both the height and the width sections with
+    // section[1] (its documented formula), the same as section[2] only when equal.
+    TORCH_CHECK_VALUE(sections.size() == 3 && sections[1] == sections[2], "npu::", op,
+                      ": cache_mode 'interleave' needs 3 sections with section[1] == section[2] (as Qwen3-VL's "
+                      "[24, 20, 20]), got ", at::IntArrayRef(sections));
+  }
+  cfg.sections = std::move(sections);
+  return cfg;
+}
+
+// Which row of positions gives half-dimension j its cos/sin, per cfg.
+std::vector<int64_t> sectionOfEachDim(const MropeConfig& cfg) {
+  const int64_t half = cfg.rotary_dim / 2;
+  std::vector<int64_t> section(half, 0);
+  if (cfg.sections.empty()) return section;
+  if (cfg.cache == CacheMode::Default) {
+    int64_t j = 0;
+    for (size_t i = 0; i < cfg.sections.size(); ++i) {
+      for (int64_t n = 0; n < cfg.sections[i]; ++n) section[j++] = static_cast<int64_t>(i);
+    }
+    return section;
+  }
+  // interleave: t, h, w, t, h, w, ... over the first 3 * section[1] dims, then t.
+  for (int64_t j = 0; j < half; ++j) {
+    if (j < 3 * cfg.sections[1] && j % 3 != 0) section[j] = j % 3;
+  }
+  return section;
+}
+
+// Rotates query and key by the positions' cos/sin (sin_sign -1: the inverse rotation).
+std::tuple<at::Tensor, at::Tensor> mropeImpl(const char* op, const at::Tensor& positions, const at::Tensor& query,
+                                             const at::Tensor& key, const at::Tensor& cache, int64_t head_size,
+                                             at::OptionalIntArrayRef mrope_section,
+                                             std::optional<c10::string_view> rotary_mode,
+                                             std::optional<c10::string_view> cache_mode, float sin_sign) {
+  const MropeConfig cfg =
+      checkMrope(op, positions, query, key, cache, head_size, mrope_section, rotary_mode, cache_mode);
+  return onHost(op, {positions, query, key, cache}, [&](auto input, auto, auto output) {
+    const at::Tensor pos = input(positions).to(at::kLong);
+    const at::Tensor q = input(query), k = input(key), table = input(cache);
+    at::Tensor q_out = emptyLike(q), k_out = emptyLike(k);
+    const int64_t max_pos = table.size(0);
+    const int64_t* pp = pos.const_data_ptr<int64_t>();
+    for (int64_t i = 0; i < pos.numel(); ++i) {
+      TORCH_CHECK_INDEX(pp[i] >= 0 && pp[i] < max_pos, "npu::", op, ": positions must be in [0, ", max_pos,
+                        ") (cos_sin_cache's rows) on ", query.device(), ", got ", pp[i]);
+    }
+    const std::vector<int64_t> section = sectionOfEachDim(cfg);
+    const int64_t half = cfg.rotary_dim / 2, hs = cfg.head_size, tokens = cfg.tokens;
+    const int64_t q_heads = q.size(1) / hs, k_heads = k.size(1) / hs;
+    NPU_DISPATCH_FLOATING_TYPES(q.scalar_type(), "npu_position_op", [&] {
+      const scalar_t* qp = q.const_data_ptr<scalar_t>();
+      const scalar_t* kp = k.const_data_ptr<scalar_t>();
+      const scalar_t* tp = table.const_data_ptr<scalar_t>();
+      scalar_t* qo = q_out.mutable_data_ptr<scalar_t>();
+      scalar_t* ko = k_out.mutable_data_ptr<scalar_t>();
+      at::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
+        std::vector<float> c(half), s(half);
+        for (int64_t t = begin; t < end; ++t) {
+          // This token's cos/sin: each half-dimension from its section's position.
+          for (int64_t j = 0; j < half; ++j) {
+            const scalar_t* row = tp + pp[section[j] * tokens + t] * cfg.rotary_dim;
+            c[j] = float(row[j]);
+            s[j] = float(row[half + j]);
+          }
+          for (int64_t n = 0; n < q_heads; ++n) {
+            const int64_t off = t * q.size(1) + n * hs;
+            rotateRowHalfTable(qp + off, c.data(), s.data(), sin_sign, half, hs, cfg.mode, qo + off);
+          }
+          for (int64_t n = 0; n < k_heads; ++n) {
+            const int64_t off = t * k.size(1) + n * hs;
+            rotateRowHalfTable(kp + off, c.data(), s.data(), sin_sign, half, hs, cfg.mode, ko + off);
+          }
+        }
+      });
+    });
+    return std::make_tuple(output(q_out), output(k_out));
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> mrope(const at::Tensor& positions, const at::Tensor& query, const at::Tensor& key,
+                                         const at::Tensor& cache, int64_t head_size,
+                                         at::OptionalIntArrayRef mrope_section,
+                                         std::optional<c10::string_view> rotary_mode,
+                                         std::optional<c10::string_view> cache_mode) {
+  return mropeImpl("npu_mrope", positions, query, key, cache, head_size, mrope_section, rotary_mode, cache_mode,
+                   1.0f);
+}
+
+// The gradients of query and key: the rotation is orthogonal, so its transpose
+// (the inverse rotation) maps the output gradients back.
+std::tuple<at::Tensor, at::Tensor> mropeBackward(const at::Tensor& positions, const at::Tensor& grad_query,
+                                                 const at::Tensor& grad_key, const at::Tensor& cache,
+                                                 int64_t head_size, at::OptionalIntArrayRef mrope_section,
+                                                 std::optional<c10::string_view> rotary_mode,
+                                                 std::optional<c10::string_view> cache_mode) {
+  return mropeImpl("npu_mrope_backward", positions, grad_query, grad_key, cache, head_size, mrope_section,
+                   rotary_mode, cache_mode, -1.0f);
+}
+
+template <const char* kOp>
+std::tuple<at::Tensor, at::Tensor> mropeMeta(const at::Tensor& positions, const at::Tensor& query,
+                                             const at::Tensor& key, const at::Tensor& cache, int64_t head_size,
+                                             at::OptionalIntArrayRef mrope_section,
+                                             std::optional<c10::string_view> rotary_mode,
+                                             std::optional<c10::string_view> cache_mode) {
+  checkMrope(kOp, positions, query, key, cache, head_size, mrope_section, rotary_mode, cache_mode);
+  return {emptyLike(query), emptyLike(key)};
+}
+constexpr char kMropeName[] = "npu_mrope";
+constexpr char kMropeBackwardName[] = "npu_mrope_backward";
+
+// ---- npu_top_k_top_p -------------------------------------------------------------------------------
+
+constexpr int64_t kMaxTopK = 1024;  // the Ascend op's largest k
+
+void checkTopKTopP(const at::Tensor& logits, const std::optional<at::Tensor>& p, const std::optional<at::Tensor>& k) {
+  constexpr const char* op = "npu_top_k_top_p";
+  checkDtype(op, logits, "logits", floatingTypes());
+  TORCH_CHECK(logits.dim() == 2, "npu::", op, ": logits must be 2-D [batch, vocab], got ", logits.sizes());
+  if (p.has_value() && p->defined()) {
+    checkSameDtype(op, *p, "p", logits, "logits");
+    TORCH_CHECK(p->dim() == 1 && p->size(0) == logits.size(0), "npu::", op, ": p must be 1-D [batch = ",
+                logits.size(0), "], got ", p->sizes());
+  }
+  if (k.has_value() && k->defined()) {
+    checkDtype(op, *k, "k", DtypeSet{at::kInt}, " (convert it with k.to(torch.int32))");
+    TORCH_CHECK(k->dim() == 1 && k->size(0) == logits.size(0), "npu::", op, ": k must be 1-D [batch = ",
+                logits.size(0), "], got ", k->sizes());
+  }
+}
+
+// Per row, as the Ascend op: sort ascending (stable); top-k keeps the values >=
+// the k-th largest; top-p takes the softmax of what top-k kept, its cumulative
+// sum from the smallest, and drops the values whose sum is <= 1 - p (never the
+// largest). Dropped logits become -inf; the others keep their value.
+at::Tensor topKTopP(const at::Tensor& logits, const std::optional<at::Tensor>& p,
+                    const std::optional<at::Tensor>& k) {
+  constexpr const char* op = "npu_top_k_top_p";
+  checkTopKTopP(logits, p, k);
+  const bool has_p = p.has_value() && p->defined(), has_k = k.has_value() && k->defined();
+  const at::Tensor p_or_none = has_p ? *p : at::Tensor(), k_or_none = has_k ? *k : at::Tensor();
+  return onHost(op, {logits, p_or_none, k_or_none},
+                [&](auto input, auto, auto output) {
+    const at::Tensor x = input(logits);
+    const at::Tensor pf = has_p ? input(*p).to(at::kFloat) : at::Tensor();
+    const at::Tensor kh = has_k ? input(*k) : at::Tensor();
+    const int64_t rows = x.size(0), vocab = x.size(1);
+    if (has_k) {
+      const int32_t* kp = kh.const_data_ptr<int32_t>();
+      for (int64_t r = 0; r < rows; ++r) {
+        TORCH_CHECK_VALUE(kp[r] >= 1 && kp[r] <= std::min(kMaxTopK, vocab), "npu::", op, ": k must be in [1, ",
+                          std::min(kMaxTopK, vocab), "] (at most 1024 and the vocabulary size) on ", logits.device(),
+                          ", got ", kp[r], " in row ", r);
+      }
+    }
+    at::Tensor out = x.clone();
+    if (!has_p && !has_k) return output(out);
+    NPU_DISPATCH_FLOATING_TYPES(x.scalar_type(), "npu_position_op", [&] {
+      const scalar_t* xp = x.const_data_ptr<scalar_t>();
+      scalar_t* op_ = out.mutable_data_ptr<scalar_t>();
+      const float* pp = has_p ? pf.const_data_ptr<float>() : nullptr;
+      const int32_t* kp = has_k ? kh.const_data_ptr<int32_t>() : nullptr;
+      const scalar_t minus_inf = -std::numeric_limits<scalar_t>::infinity();
+      at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> values(vocab);
+        std::vector<int64_t> order;
+        std::vector<double> probs;
+        for (int64_t r = begin; r < end; ++r) {
+          const scalar_t* xr = xp + r * vocab;
+          scalar_t* yr = op_ + r * vocab;
+          loadRow(xr, values.data(), vocab);
+          // The candidates: every index, or those top-k keeps.
+          order.clear();
+          if (kp != nullptr) {
+            std::vector<float> scratch(values);
+            const int64_t kth = vocab - kp[r];
+            std::nth_element(scratch.begin(), scratch.begin() + kth, scratch.end());
+            const float threshold = scratch[kth];
+            for (int64_t j = 0; j < vocab; ++j) {
+              if (values[j] < threshold) {
+                yr[j] = minus_inf;
+              } else {
+                order.push_back(j);
+              }
+            }
+          } else {
+            order.resize(vocab);
+            std::iota(order.begin(), order.end(), int64_t(0));
+          }
+          if (pp == nullptr) continue;
+          std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return values[a] < values[b]; });
+          const float largest = values[order.back()];
+          probs.resize(order.size());
+          double total = 0;
+          for (size_t i = 0; i < order.size(); ++i) {
+            probs[i] = static_cast<float>(std::exp(values[order[i]] - largest));
+            total += probs[i];
+          }
+          // The cumulative sum in double, each prefix rounded to float: as torch's cumsum on float32.
+          const float limit = 1.0f - pp[r];
+          double cumulative = 0;
+          for (size_t i = 0; i + 1 < order.size(); ++i) {
+            cumulative += static_cast<float>(probs[i] / total);
+            if (static_cast<float>(cumulative) > limit) break;
+            yr[order[i]] = minus_inf;
+          }
+        }
+      });
+    });
+    return output(out);
+  });
+}
+
+at::Tensor topKTopPMeta(const at::Tensor& logits, const std::optional<at::Tensor>& p,
+                        const std::optional<at::Tensor>& k) {
+  checkTopKTopP(logits, p, k);
+  return emptyLike(logits);
+}
+
+// ---- npu_scaled_masked_softmax --------------------------------------------------------------------
+
+void checkScaledMaskedSoftmax(const char* op, const at::Tensor& x, const at::Tensor& mask, bool fixed_triu_mask) {
+  checkDtype(op, x, "x", floatingTypes());
+  checkDtype(op, mask, "mask", DtypeSet{at::kBool}, " (make it with mask.bool(); True masks a position out)");
+  TORCH_CHECK_NOT_IMPLEMENTED(!fixed_triu_mask, "npu::", op, ": fixed_triu_mask=True is reserved on Ascend (only "
+                              "False is supported); pass the causal mask explicitly as mask");
+  TORCH_CHECK(x.dim() == 4, "npu::", op, ": x must be 4-D [N, C, H, W], got ", x.sizes());
+  for (int64_t d : {2, 3}) {
+    TORCH_CHECK(x.size(d) >= 32 && x.size(d) <= 4096 && x.size(d) % 32 == 0, "npu::", op, ": H and W of x ",
+                x.sizes(), " must be multiples of 32 in [32, 4096] (the Ascend kernel's limit); pad them");
+  }
+  TORCH_CHECK(mask.dim() <= 4 && at::is_expandable_to(mask.sizes(), x.sizes()), "npu::", op, ": mask ",
+              mask.sizes(), " must broadcast to x's shape ", x.sizes());
+}
+
+struct MaskRows {
+  BroadcastRows rows;
+  int64_t last_stride;  // 0 when the mask broadcasts along W
+  MaskRows(const at::Tensor& x, const at::Tensor& mask)
+      : rows(x.sizes(), mask), last_stride(mask.expand(x.sizes()).stride(-1)) {}
+};
+
+double scaleValue(const at::Scalar& scale) { return scale.toDouble(); }
+
+// y = softmax over W of (mask ? -10000 : x * scale), in float.
+at::Tensor scaledMaskedSoftmax(const at::Tensor& x, const at::Tensor& mask, const at::Scalar& scale,
+                               bool fixed_triu_mask) {
+  constexpr const char* op = "npu_scaled_masked_softmax";
+  checkScaledMaskedSoftmax(op, x, mask, fixed_triu_mask);
+  const float sc = static_cast<float>(scaleValue(scale));
+  return onHost(op, {x, mask}, [&](auto input, auto, auto output) {
+    const at::Tensor xh = input(x);
+    const at::Tensor m = input(mask);
+    at::Tensor y = emptyLike(xh);
+    const int64_t w = xh.size(3), rows = xh.numel() / w;
+    const MaskRows mrows(xh, m);
+    NPU_DISPATCH_FLOATING_TYPES(xh.scalar_type(), "npu_position_op", [&] {
+      const scalar_t* xp = xh.const_data_ptr<scalar_t>();
+      const bool* mp = m.const_data_ptr<bool>();
+      scalar_t* yp = y.mutable_data_ptr<scalar_t>();
+      at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+        std::vector<float> z(w);
+        for (int64_t r = begin; r < end; ++r) {
+          scaleAndMask(xp + r * w, mp + mrows.rows.offset(r), mrows.last_stride, sc, z.data(), w);
+          const float inv = 1.0f / expShiftedInPlace(z.data(), rowMax(z.data(), w), w);
+          scalar_t* yr = yp + r * w;
+          for (int64_t j = 0; j < w; ++j) yr[j] = static_cast<scalar_t>(z[j] * inv);
+        }
+      });
+    });
+    return output(y);
+  });
+}
+
+// dx = mask ? 0 : scale * y * (dy - sum(dy * y)).
+at::Tensor scaledMaskedSoftmaxBackward(const at::Tensor& y_grad, const at::Tensor& y, const at::Tensor& mask,
+                                       const at::Scalar& scale, bool fixed_triu_mask) {
+  constexpr const char* op = "npu_scaled_masked_softmax_backward";
+  checkScaledMaskedSoftmax(op, y, mask, fixed_triu_mask);
+  checkSameDtype(op, y_grad, "y_grad", y, "y");
+  TORCH_CHECK(y_grad.sizes() == y.sizes(), "npu::", op, ": y_grad ", y_grad.sizes(), " must have y's shape ",
+              y.sizes());
+  const float sc = static_cast<float>(scaleValue(scale));
+  return onHost(op, {y_grad, y, mask}, [&](auto input, auto, auto output) {
+    const at::Tensor g = input(y_grad), yh = input(y), m = input(mask);
+    at::Tensor dx = emptyLike(yh);
+    const int64_t w = yh.size(3), rows = yh.numel() / w;
+    const MaskRows mrows(yh, m);
+    NPU_DISPATCH_FLOATING_TYPES(yh.scalar_type(), "npu_position_op", [&] {
+      const scalar_t* gp = g.const_data_ptr<scalar_t>();
+      const scalar_t* yp = yh.const_data_ptr<scalar_t>();
+      const bool* mp = m.const_data_ptr<bool>();
+      scalar_t* dp = dx.mutable_data_ptr<scalar_t>();
+      at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+        std::vector<float> gf(w), yf(w);
+        for (int64_t r = begin; r < end; ++r) {
+          loadRow(gp + r * w, gf.data(), w);
+          loadRow(yp + r * w, yf.data(), w);
+          const float dot = dotFloat(gf.data(), yf.data(), w);
+          const bool* mr = mp + mrows.rows.offset(r);
+          scalar_t* dr = dp + r * w;
+          for (int64_t j = 0; j < w; ++j) {
+            dr[j] = static_cast<scalar_t>(mr[j * mrows.last_stride] ? 0.0f : sc * yf[j] * (gf[j] - dot));
+          }
+        }
+      });
+    });
+    return output(dx);
+  });
+}
+
+at::Tensor scaledMaskedSoftmaxMeta(const at::Tensor& x, const at::Tensor& mask, const at::Scalar&,
+                                   bool fixed_triu_mask) {
+  checkScaledMaskedSoftmax("npu_scaled_masked_softmax", x, mask, fixed_triu_mask);
+  return emptyLike(x);
+}
+
+at::Tensor scaledMaskedSoftmaxBackwardMeta(const at::Tensor& y_grad, const at::Tensor& y, const at::Tensor& mask,
+                                           const at::Scalar&, bool fixed_triu_mask) {
+  constexpr const char* op = "npu_scaled_masked_softmax_backward";
+  checkScaledMaskedSoftmax(op, y, mask, fixed_triu_mask);
+  checkSameDtype(op, y_grad, "y_grad", y, "y");
+  TORCH_CHECK(y_grad.sizes() == y.sizes(), "npu::", op, ": y_grad ", y_grad.sizes(), " must have y's shape ",
+              y.sizes());
+  return emptyLike(y);
+}
+
+// ---- npu_transpose_batchmatmul -------------------------------------------------------------------
+
+struct TransposeBmm {
+  bool x1_transposed = false;  // input is [M, B, K] (perm_x1 [1, 0, 2]) rather than [B, M, K]
+  bool x2_transposed = false;  // weight is [B, N, K] (perm_x2 [0, 2, 1]) rather than [B, K, N]
+  int64_t batch = 0, m = 0, k = 0, n = 0, split = 1;
+  std::vector<int64_t> out_shape;
+};
+
+bool isPerm(at::IntArrayRef perm, std::array<int64_t, 3> want) {
+  return perm.size() == 3 && perm[0] == want[0] && perm[1] == want[1] && perm[2] == want[2];
+}
+
+TransposeBmm checkTransposeBmm(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                               const std::optional<at::Tensor>& scale, at::OptionalIntArrayRef perm_x1,
+                               at::OptionalIntArrayRef perm_x2, at::OptionalIntArrayRef perm_y,
+                               std::optional<int64_t> batch_split_factor) {
+  constexpr const char* op = "npu_transpose_batchmatmul";
+  TransposeBmm t;
+  checkDtype(op, input, "input", floatingTypes());
+  checkSameDtype(op, weight, "weight", input, "input");
+  TORCH_CHECK_NOT_IMPLEMENTED(!bias.has_value() || !bias->defined(), "npu::", op, ": bias is not supported (as on ",
+                              "Ascend); add it to the result");
+  static constexpr std::array<int64_t, 3> kIdentity = {0, 1, 2}, kSwapFirstTwo = {1, 0, 2};  // the defaults
+  const at::IntArrayRef p1 = perm_x1.value_or(at::IntArrayRef(kIdentity));
+  const at::IntArrayRef p2 = perm_x2.value_or(at::IntArrayRef(kIdentity));
+  const at::IntArrayRef py = perm_y.value_or(at::IntArrayRef(kSwapFirstTwo));
+  TORCH_CHECK_VALUE(isPerm(p1, {0, 1, 2}) || isPerm(p1, {1, 0, 2}), "npu::", op,
+                    ": perm_x1 must be [0, 1, 2] or [1, 0, 2], got ", p1);
+  TORCH_CHECK_VALUE(isPerm(p2, {0, 1, 2}) || isPerm(p2, {0, 2, 1}), "npu::", op,
+                    ": perm_x2 must be [0, 1, 2] or [0, 2, 1], got ", p2);
+  TORCH_CHECK_VALUE(isPerm(py, {1, 0, 2}), "npu::", op, ": perm_y must be [1, 0, 2], got ", py);
+  t.x1_transposed = isPerm(p1, {1, 0, 2});
+  t.x2_transposed = isPerm(p2, {0, 2, 1});
+  TORCH_CHECK(input.dim() == 3 && weight.dim() == 3, "npu::", op, ": input and weight must be 3-D, got ",
+              input.sizes(), " and ", weight.sizes());
+  t.batch = input.size(t.x1_transposed ? 1 : 0);
+  t.m = input.size(t.x1_transposed ? 0 : 1);
+  t.k = input.size(2);
+  const int64_t wk = weight.size(t.x2_transposed ? 2 : 1);
+  t.n = weight.size(t.x2_transposed ? 1 : 2);
+  TORCH_CHECK(weight.size(0) == t.batch && wk == t.k, "npu::", op, ": weight ", weight.sizes(), " must be [B = ",
+              t.batch, ", K = ", t.k, ", N]", t.x2_transposed ? " transposed by perm_x2" : "", " for input ",
+              input.sizes());
+  TORCH_CHECK(t.k % 16 == 0 && t.n % 16 == 0 && t.k < 65536 && t.n < 65536 && t.batch >= 1 && t.batch < 65536,
+              "npu::", op, ": K (", t.k, ") and N (", t.n, ") must be multiples of 16 below 65536 and B (", t.batch,
+              ") in [1, 65536) (the Ascend kernel's limits)");
+  t.split = batch_split_factor.value_or(1);
+  const bool quantized = scale.has_value() && scale->defined();
+  if (quantized) {
+    checkDtype(op, *scale, "scale", DtypeSet{at::kLong, at::kUInt64},
+               " (pack float32 scales with torch_npu.npu_trans_quant_param)");
+    TORCH_CHECK(scale->dim() == 1 && scale->size(0) == t.batch * t.n, "npu::", op, ": scale must be 1-D [B * N = ",
+                t.batch * t.n, "], got ", scale->sizes());
+    TORCH_CHECK_VALUE(t.split == 1, "npu::", op, ": batch_split_factor must be 1 with scale, got ", t.split);
+    t.out_shape = {t.m, 1, t.batch * t.n};
+  } else if (t.split > 1) {
+    TORCH_CHECK_VALUE((t.batch * t.n) % t.split == 0, "npu::", op, ": batch_split_factor (", t.split,
+                      ") must divide B * N = ", t.batch * t.n);
+    t.out_shape = {t.split, t.m, t.batch * t.n / t.split};
+  } else {
+    TORCH_CHECK_VALUE(t.split == 1, "npu::", op, ": batch_split_factor must be >= 1, got ", t.split);
+    t.out_shape = {t.m, t.batch, t.n};
+  }
+  return t;
+}
+
+// The float32 scale a packed int64 holds in its low 32 bits (npu_trans_quant_param's packing).
+float unpackScale(int64_t packed) { return std::bit_cast<float>(static_cast<uint32_t>(packed & 0xffffffff)); }
+
+// y[m, b, n] = sum_k x1[b, m, k] * x2[b, k, n] (after the permutations): one
+// bmm written straight into the [M, B, N] result through its transposed view.
+at::Tensor transposeBatchMatmul(const at::Tensor& input, const at::Tensor& weight,
+                                const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scale,
+                                at::OptionalIntArrayRef perm_x1, at::OptionalIntArrayRef perm_x2,
+                                at::OptionalIntArrayRef perm_y, std::optional<int64_t> batch_split_factor) {
+  constexpr const char* op = "npu_transpose_batchmatmul";
+  const TransposeBmm t =
+      checkTransposeBmm(input, weight, bias, scale, perm_x1, perm_x2, perm_y, batch_split_factor);
+  const bool quantized = scale.has_value() && scale->defined();
+  const at::Tensor scale_or_none = quantized ? *scale : at::Tensor();
+  return onHost(op, {input, weight, scale_or_none}, [&](auto, auto inout, auto output) {
+    // Host views as they are (bmm takes strides): no copy of non-contiguous inputs.
+    const at::Tensor x1 = t.x1_transposed ? inout(input).transpose(0, 1) : inout(input);
+    const at::Tensor x2 = t.x2_transposed ? inout(weight).transpose(1, 2) : inout(weight);
+    if (quantized) {
+      // Accumulate in float, then y * scale rounded half to even and saturated to int8.
+      const at::Tensor acc = at::bmm(x1.to(at::kFloat), x2.to(at::kFloat));  // [B, M, N]
+      const at::Tensor packed = inout(*scale).contiguous();
+      at::Tensor out = at::empty(t.out_shape, input.options().dtype(at::kChar).device(acc.device()));
+      const float* ap = acc.const_data_ptr<float>();
+      const int64_t* sp = reinterpret_cast<const int64_t*>(packed.const_data_ptr());
+      int8_t* qp = out.mutable_data_ptr<int8_t>();
+      const int64_t bn = t.batch * t.n;
+      at::parallel_for(0, t.m, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t mi = begin; mi < end; ++mi) {
+          for (int64_t b = 0; b < t.batch; ++b) {
+            for (int64_t ni = 0; ni < t.n; ++ni) {
+              const float v = std::nearbyint(ap[(b * t.m + mi) * t.n + ni] * unpackScale(sp[b * t.n + ni]));
+              qp[mi * bn + b * t.n + ni] = static_cast<int8_t>(std::max(-128.0f, std::min(127.0f, v)));
+            }
+          }
+        }
+      });
+      return output(out);
+    }
+    at::Tensor y = at::empty({t.m, t.batch, t.n}, x1.options());
+    at::Tensor y_by_batch = y.transpose(0, 1);
+    at::bmm_out(y_by_batch, x1, x2);
+    if (t.split > 1) {
+      // The B * N columns cut into `split` blocks, stacked first.
+      y = y.view({t.m, t.split, t.batch * t.n / t.split}).transpose(0, 1).contiguous();
+    }
+    return output(y);
+  });
+}
+
+at::Tensor transposeBatchMatmulMeta(const at::Tensor& input, const at::Tensor& weight,
+                                    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scale,
+                                    at::OptionalIntArrayRef perm_x1, at::OptionalIntArrayRef perm_x2,
+                                    at::OptionalIntArrayRef perm_y, std::optional<int64_t> batch_split_factor) {
+  const TransposeBmm t =
+      checkTransposeBmm(input, weight, bias, scale, perm_x1, perm_x2, perm_y, batch_split_factor);
+  const bool quantized = scale.has_value() && scale->defined();
+  return at::empty(t.out_shape, input.options().dtype(quantized ? at::kChar : input.scalar_type()));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(npu, m) {
+  // Updates query and key in place and returns them (the Ascend op's contract).
+  m.def("npu_apply_rotary_pos_emb(Tensor(a!) query, Tensor(b!) key, Tensor cos, Tensor sin, str layout='BSND', "
+        "str rotary_mode='half') -> (Tensor(a!), Tensor(b!))");
+  // Its kernel: a mutation without results, which torch.compile functionalizes.
+  m.def("npu_apply_rotary_pos_emb_inplace(Tensor(a!) query, Tensor(b!) key, Tensor cos, Tensor sin, str layout, "
+        "str rotary_mode) -> ()");
+  m.def("npu_mrope(Tensor positions, Tensor query, Tensor key, Tensor cos_sin_cache, int head_size, *, "
+        "int[]? mrope_section=None, str? rotary_mode='half', str? cache_mode='default') -> (Tensor, Tensor)");
+  m.def("npu_mrope_backward(Tensor positions, Tensor grad_query, Tensor grad_key, Tensor cos_sin_cache, "
+        "int head_size, *, int[]? mrope_section=None, str? rotary_mode='half', str? cache_mode='default') -> "
+        "(Tensor, Tensor)");
+  m.def("npu_interleave_rope(Tensor x, Tensor cos, Tensor sin) -> Tensor");
+  m.def("npu_interleave_rope_backward(Tensor grad, Tensor cos, Tensor sin) -> Tensor");
+  m.def("npu_top_k_top_p(Tensor logits, Tensor? p=None, Tensor? k=None) -> Tensor");
+  m.def("npu_scaled_masked_softmax(Tensor x, Tensor mask, Scalar scale=1, bool fixed_triu_mask=False) -> Tensor");
+  m.def("npu_scaled_masked_softmax_backward(Tensor y_grad, Tensor y, Tensor mask, Scalar scale, "
+        "bool fixed_triu_mask) -> Tensor");
+  m.def("npu_transpose_batchmatmul(Tensor input, Tensor weight, *, Tensor? bias=None, Tensor? scale=None, "
+        "int[]? perm_x1=None, int[]? perm_x2=None, int[]? perm_y=None, int? batch_split_factor=1) -> Tensor");
+  m.impl("npu_apply_rotary_pos_emb", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(applyRotaryPosEmb));
+  m.impl("npu_apply_rotary_pos_emb_inplace", c10::DispatchKey::Autograd, TORCH_FN(applyRotaryInPlaceAutograd));
+}
+
+#define NPU_POSITION_KERNELS(KEY)                                                  \
+  TORCH_LIBRARY_IMPL(npu, KEY, m) {                                                \
+    m.impl("npu_apply_rotary_pos_emb_inplace", TORCH_FN(applyRotaryInPlace));      \
+    m.impl("npu_mrope", TORCH_FN(mrope));                                          \
+    m.impl("npu_mrope_backward", TORCH_FN(mropeBackward));                         \
+    m.impl("npu_interleave_rope", TORCH_FN(interleaveRope));                       \
+    m.impl("npu_interleave_rope_backward", TORCH_FN(interleaveRopeBackward));      \
+    m.impl("npu_top_k_top_p", TORCH_FN(topKTopP));                                 \
+    m.impl("npu_scaled_masked_softmax", TORCH_FN(scaledMaskedSoftmax));            \
+    m.impl("npu_scaled_masked_softmax_backward", TORCH_FN(scaledMaskedSoftmaxBackward)); \
+    m.impl("npu_transpose_batchmatmul", TORCH_FN(transposeBatchMatmul));           \
+  }
+NPU_POSITION_KERNELS(PrivateUse1)
+NPU_POSITION_KERNELS(CPU)
+#undef NPU_POSITION_KERNELS
+
+TORCH_LIBRARY_IMPL(npu, Meta, m) {
+  m.impl("npu_apply_rotary_pos_emb_inplace", TORCH_FN(applyRotaryInPlaceMeta));
+  m.impl("npu_mrope", TORCH_FN(mropeMeta<kMropeName>));
+  m.impl("npu_mrope_backward", TORCH_FN(mropeMeta<kMropeBackwardName>));
+  m.impl("npu_interleave_rope", TORCH_FN(interleaveRopeMeta));
+  m.impl("npu_interleave_rope_backward", TORCH_FN(interleaveRopeBackwardMeta));
+  m.impl("npu_top_k_top_p", TORCH_FN(topKTopPMeta));
+  m.impl("npu_scaled_masked_softmax", TORCH_FN(scaledMaskedSoftmaxMeta));
+  m.impl("npu_scaled_masked_softmax_backward", TORCH_FN(scaledMaskedSoftmaxBackwardMeta));
+  m.impl("npu_transpose_batchmatmul", TORCH_FN(transposeBatchMatmulMeta));
+}
+
+}  // namespace npu::ops
