@@ -31,6 +31,7 @@
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <type_traits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -115,6 +116,13 @@ struct BroadcastRows {
   }
 };
 
+// Rows per task of at::parallel_for: enough elements (ATen's grain, 32768) that
+// small tensors run on the calling thread rather than waking the thread team.
+int64_t rowGrain(int64_t row_elements) {
+  constexpr int64_t kGrain = 32768;
+  return std::max<int64_t>(1, kGrain / std::max<int64_t>(1, row_elements));
+}
+
 // ---- vector loops ---------------------------------------------------------------------
 // float32 inner loops built for AVX-512, AVX2+FMA and the baseline, chosen at
 // load time; `omp simd` vectorises the reductions without fast-math.
@@ -126,8 +134,12 @@ struct BroadcastRows {
 
 // exp(x) in float that vectorises (std::exp does not): range reduction by
 // ln 2 in two parts, then a degree-6 polynomial; about 1 ulp over the range.
+// Below -87.3 it returns 0: exp there is below the smallest normal float, and
+// denormal results (masked softmax entries times 1/sum) are slow to compute
+// with. No branches (a bit mask instead), so loops around it vectorise.
 inline __attribute__((always_inline)) float expApprox(float x) {
-  x = std::max(-87.3f, std::min(x, 88.37f));  // exp(-87.3) is the smallest normal float; beyond 88.37 it overflows
+  const int32_t keep = -static_cast<int32_t>(x >= -87.3f);  // all ones, or 0 where exp underflows
+  x = x < -87.3f ? -87.3f : (x > 88.37f ? 88.37f : x);  // beyond 88.37 the result overflows
   const float scaled = x * 1.44269504088896341f + 0.5f;
   int32_t n = static_cast<int32_t>(scaled);
   n -= scaled < static_cast<float>(n) ? 1 : 0;  // floor, without a library call
@@ -140,13 +152,13 @@ inline __attribute__((always_inline)) float expApprox(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float poly = p * r * r + r + 1.0f;
-  return poly * std::bit_cast<float>((n + 127) << 23);
+  return poly * std::bit_cast<float>(((n + 127) << 23) & keep);
 }
 
 NPU_POSITION_CLONES float rowMax(const float* z, int64_t n) {
   float m = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : m)
-  for (int64_t j = 0; j < n; ++j) m = std::max(m, z[j]);
+  for (int64_t j = 0; j < n; ++j) m = z[j] > m ? z[j] : m;
   return m;
 }
 
@@ -155,18 +167,46 @@ NPU_POSITION_CLONES float expShiftedInPlace(float* z, float m, int64_t n) {
   float s = 0;
 #pragma omp simd reduction(+ : s)
   for (int64_t j = 0; j < n; ++j) {
-    z[j] = expApprox(z[j] - m);
-    s += z[j];
+    const float e = expApprox(z[j] - m);
+    z[j] = e;
+    s += e;
   }
   return s;
 }
 
-// z <- mask ? -10000 : x * scale (the masked value is the Ascend kernel's).
-template <typename scalar_t>
-void scaleAndMask(const scalar_t* x, const bool* mask, int64_t mask_stride, float scale, float* z,
+// z <- mask ? -10000 : x * scale (the masked value is the Ascend kernel's);
+// the mask row is contiguous (mask_stride 1) or one value for the row (0).
+NPU_POSITION_CLONES void maskAndScale(const float* x, const uint8_t* mask, int64_t mask_stride, float scale, float* z,
                                       int64_t n) {
+  if (mask_stride == 0 && *mask != 0) {
+    std::fill(z, z + n, -10000.0f);
+    return;
+  }
+  if (mask_stride == 0) {
 #pragma omp simd
-  for (int64_t j = 0; j < n; ++j) z[j] = mask[j * mask_stride] ? -10000.0f : static_cast<float>(x[j]) * scale;
+    for (int64_t j = 0; j < n; ++j) z[j] = x[j] * scale;
+    return;
+  }
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) z[j] = mask[j] != 0 ? -10000.0f : x[j] * scale;
+}
+
+NPU_POSITION_CLONES void scaleRow(const float* z, float factor, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) y[j] = z[j] * factor;
+}
+
+// dx = mask ? 0 : scale * y * (g - dot) for one row (dot = sum(g * y)).
+NPU_POSITION_CLONES void softmaxGradRow(const float* g, const float* y, float dot, const uint8_t* mask,
+                                        int64_t mask_stride, float scale, float* dx, int64_t n) {
+  if (mask_stride == 0) {
+    const float factor = *mask != 0 ? 0.0f : scale;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) dx[j] = factor * y[j] * (g[j] - dot);
+    return;
+  }
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) dx[j] = mask[j] != 0 ? 0.0f : scale * y[j] * (g[j] - dot);
 }
 
 NPU_POSITION_CLONES float dotFloat(const float* a, const float* b, int64_t n) {
@@ -178,6 +218,7 @@ NPU_POSITION_CLONES float dotFloat(const float* a, const float* b, int64_t n) {
 
 template <typename scalar_t>
 void loadRow(const scalar_t* x, float* out, int64_t n) {
+#pragma omp simd
   for (int64_t j = 0; j < n; ++j) out[j] = static_cast<float>(x[j]);
 }
 
@@ -203,6 +244,7 @@ void rotateRowFull(scalar_t* x, const scalar_t* c, const scalar_t* s, int64_t d,
   loadRow(x, buf, d);
   const int64_t h = d / 2;
   if (mode == RotaryMode::Half) {
+#pragma omp simd
     for (int64_t j = 0; j < h; ++j) {
       x[j] = static_cast<scalar_t>(buf[j] * float(c[j]) - buf[j + h] * float(s[j]));
       x[j + h] = static_cast<scalar_t>(buf[j + h] * float(c[j + h]) + buf[j] * float(s[j + h]));
@@ -223,6 +265,7 @@ template <typename scalar_t>
 void rotateRowHalfTable(const scalar_t* x, const float* c, const float* s, float sin_sign, int64_t h, int64_t d,
                         RotaryMode mode, scalar_t* y) {
   if (mode == RotaryMode::Half) {
+#pragma omp simd
     for (int64_t j = 0; j < h; ++j) {
       const float a = float(x[j]), b = float(x[j + h]), sn = sin_sign * s[j];
       y[j] = static_cast<scalar_t>(a * c[j] - b * sn);
@@ -236,6 +279,29 @@ void rotateRowHalfTable(const scalar_t* x, const float* c, const float* s, float
     }
   }
   std::copy(x + 2 * h, x + d, y + 2 * h);
+}
+
+// The de-interleaved rotation of one row of npu_interleave_rope: the pair
+// (x[2j], x[2j+1]) becomes (y[j], y[j+h]).
+template <typename scalar_t>
+void interleaveRopeRow(const scalar_t* x, const scalar_t* c, const scalar_t* s, scalar_t* y, int64_t h) {
+#pragma omp simd
+  for (int64_t j = 0; j < h; ++j) {
+    const float a = float(x[2 * j]), b = float(x[2 * j + 1]);
+    y[j] = static_cast<scalar_t>(a * float(c[j]) - b * float(s[j]));
+    y[j + h] = static_cast<scalar_t>(b * float(c[j + h]) + a * float(s[j + h]));
+  }
+}
+
+// Its transpose: dq = g*c + rotate_half^T(g*s), written back interleaved.
+template <typename scalar_t>
+void interleaveRopeBackwardRow(const scalar_t* g, const scalar_t* c, const scalar_t* s, scalar_t* dx, int64_t h) {
+#pragma omp simd
+  for (int64_t j = 0; j < h; ++j) {
+    const float g1 = float(g[j]), g2 = float(g[j + h]);
+    dx[2 * j] = static_cast<scalar_t>(g1 * float(c[j]) + g2 * float(s[j + h]));
+    dx[2 * j + 1] = static_cast<scalar_t>(g2 * float(c[j + h]) - g1 * float(s[j]));
+  }
 }
 
 // ---- npu_apply_rotary_pos_emb ---------------------------------------------------------------
@@ -304,7 +370,7 @@ void applyRotaryInPlace(const at::Tensor& query, const at::Tensor& key, const at
           const scalar_t* cp = c.const_data_ptr<scalar_t>();
           const scalar_t* sp = s.const_data_ptr<scalar_t>();
           // One range over the query rows, then the key rows.
-          at::parallel_for(0, q_rows + k_rows, 16, [&](int64_t begin, int64_t end) {
+          at::parallel_for(0, q_rows + k_rows, rowGrain(d), [&](int64_t begin, int64_t end) {
             std::vector<float> buf(d);
             for (int64_t row = begin; row < end; ++row) {
               const bool is_q = row < q_rows;
@@ -395,17 +461,12 @@ at::Tensor interleaveRope(const at::Tensor& x, const at::Tensor& cos, const at::
       const scalar_t* cp = c.const_data_ptr<scalar_t>();
       const scalar_t* sp = s.const_data_ptr<scalar_t>();
       scalar_t* yp = y.mutable_data_ptr<scalar_t>();
-      at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+      at::parallel_for(0, rows, rowGrain(d), [&](int64_t begin, int64_t end) {
         for (int64_t row = begin; row < end; ++row) {
           const scalar_t* xr = xp + row * d;
           const scalar_t* cr = cp + table.offset(row);
           const scalar_t* sr = sp + table.offset(row);
-          scalar_t* yr = yp + row * d;
-          for (int64_t j = 0; j < h; ++j) {
-            const float a = float(xr[2 * j]), b = float(xr[2 * j + 1]);
-            yr[j] = static_cast<scalar_t>(a * float(cr[j]) - b * float(sr[j]));
-            yr[j + h] = static_cast<scalar_t>(b * float(cr[j + h]) + a * float(sr[j + h]));
-          }
+          interleaveRopeRow(xr, cr, sr, yp + row * d, h);
         }
       });
     });
@@ -428,17 +489,12 @@ at::Tensor interleaveRopeBackward(const at::Tensor& grad, const at::Tensor& cos,
       const scalar_t* cp = c.const_data_ptr<scalar_t>();
       const scalar_t* sp = s.const_data_ptr<scalar_t>();
       scalar_t* dp = dx.mutable_data_ptr<scalar_t>();
-      at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+      at::parallel_for(0, rows, rowGrain(d), [&](int64_t begin, int64_t end) {
         for (int64_t row = begin; row < end; ++row) {
           const scalar_t* gr = gp + row * d;
           const scalar_t* cr = cp + table.offset(row);
           const scalar_t* sr = sp + table.offset(row);
-          scalar_t* dr = dp + row * d;
-          for (int64_t j = 0; j < h; ++j) {
-            const float g1 = float(gr[j]), g2 = float(gr[j + h]);
-            dr[2 * j] = static_cast<scalar_t>(g1 * float(cr[j]) + g2 * float(sr[j + h]));
-            dr[2 * j + 1] = static_cast<scalar_t>(g2 * float(cr[j + h]) - g1 * float(sr[j]));
-          }
+          interleaveRopeBackwardRow(gr, cr, sr, dp + row * d, h);
         }
       });
     });
@@ -576,7 +632,7 @@ std::tuple<at::Tensor, at::Tensor> mropeImpl(const char* op, const at::Tensor& p
       const scalar_t* tp = table.const_data_ptr<scalar_t>();
       scalar_t* qo = q_out.mutable_data_ptr<scalar_t>();
       scalar_t* ko = k_out.mutable_data_ptr<scalar_t>();
-      at::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
+      at::parallel_for(0, tokens, rowGrain(q.size(1) + k.size(1)), [&](int64_t begin, int64_t end) {
         std::vector<float> c(half), s(half);
         for (int64_t t = begin; t < end; ++t) {
           // This token's cos/sin: each half-dimension from its section's position.
@@ -684,7 +740,7 @@ at::Tensor topKTopP(const at::Tensor& logits, const std::optional<at::Tensor>& p
       const float* pp = has_p ? pf.const_data_ptr<float>() : nullptr;
       const int32_t* kp = has_k ? kh.const_data_ptr<int32_t>() : nullptr;
       const scalar_t minus_inf = -std::numeric_limits<scalar_t>::infinity();
-      at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+      at::parallel_for(0, rows, rowGrain(vocab), [&](int64_t begin, int64_t end) {
         std::vector<float> values(vocab);
         std::vector<int64_t> order;
         std::vector<double> probs;
@@ -763,6 +819,12 @@ struct MaskRows {
       : rows(x.sizes(), mask), last_stride(mask.expand(x.sizes()).stride(-1)) {}
 };
 
+template <typename scalar_t>
+void storeRow(const float* z, scalar_t* y, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) y[j] = static_cast<scalar_t>(z[j]);
+}
+
 double scaleValue(const at::Scalar& scale) { return scale.toDouble(); }
 
 // y = softmax over W of (mask ? -10000 : x * scale), in float.
@@ -779,15 +841,24 @@ at::Tensor scaledMaskedSoftmax(const at::Tensor& x, const at::Tensor& mask, cons
     const MaskRows mrows(xh, m);
     NPU_DISPATCH_FLOATING_TYPES(xh.scalar_type(), "npu_position_op", [&] {
       const scalar_t* xp = xh.const_data_ptr<scalar_t>();
-      const bool* mp = m.const_data_ptr<bool>();
+      const auto* mp = reinterpret_cast<const uint8_t*>(m.const_data_ptr<bool>());
       scalar_t* yp = y.mutable_data_ptr<scalar_t>();
-      at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+      constexpr bool kFloat = std::is_same_v<scalar_t, float>;
+      at::parallel_for(0, rows, rowGrain(w), [&](int64_t begin, int64_t end) {
         std::vector<float> z(w);
         for (int64_t r = begin; r < end; ++r) {
-          scaleAndMask(xp + r * w, mp + mrows.rows.offset(r), mrows.last_stride, sc, z.data(), w);
+          // float rows are read and written in place; 16-bit ones go through z.
+          // (the casts only run for float; the branches are compiled for every type)
+          if (!kFloat) loadRow(xp + r * w, z.data(), w);
+          const float* xr = kFloat ? reinterpret_cast<const float*>(xp + r * w) : z.data();
+          maskAndScale(xr, mp + mrows.rows.offset(r), mrows.last_stride, sc, z.data(), w);
           const float inv = 1.0f / expShiftedInPlace(z.data(), rowMax(z.data(), w), w);
-          scalar_t* yr = yp + r * w;
-          for (int64_t j = 0; j < w; ++j) yr[j] = static_cast<scalar_t>(z[j] * inv);
+          if (kFloat) {
+            scaleRow(z.data(), inv, reinterpret_cast<float*>(yp + r * w), w);
+          } else {
+            scaleRow(z.data(), inv, z.data(), w);
+            storeRow(z.data(), yp + r * w, w);
+          }
         }
       });
     });
@@ -812,19 +883,22 @@ at::Tensor scaledMaskedSoftmaxBackward(const at::Tensor& y_grad, const at::Tenso
     NPU_DISPATCH_FLOATING_TYPES(yh.scalar_type(), "npu_position_op", [&] {
       const scalar_t* gp = g.const_data_ptr<scalar_t>();
       const scalar_t* yp = yh.const_data_ptr<scalar_t>();
-      const bool* mp = m.const_data_ptr<bool>();
+      const auto* mp = reinterpret_cast<const uint8_t*>(m.const_data_ptr<bool>());
       scalar_t* dp = dx.mutable_data_ptr<scalar_t>();
-      at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
-        std::vector<float> gf(w), yf(w);
+      constexpr bool kFloat = std::is_same_v<scalar_t, float>;
+      at::parallel_for(0, rows, rowGrain(w), [&](int64_t begin, int64_t end) {
+        std::vector<float> gf(kFloat ? 0 : w), yf(kFloat ? 0 : w), out(kFloat ? 0 : w);
         for (int64_t r = begin; r < end; ++r) {
-          loadRow(gp + r * w, gf.data(), w);
-          loadRow(yp + r * w, yf.data(), w);
-          const float dot = dotFloat(gf.data(), yf.data(), w);
-          const bool* mr = mp + mrows.rows.offset(r);
-          scalar_t* dr = dp + r * w;
-          for (int64_t j = 0; j < w; ++j) {
-            dr[j] = static_cast<scalar_t>(mr[j * mrows.last_stride] ? 0.0f : sc * yf[j] * (gf[j] - dot));
+          // (the casts only run for float; the branches are compiled for every type)
+          if (!kFloat) {
+            loadRow(gp + r * w, gf.data(), w);
+            loadRow(yp + r * w, yf.data(), w);
           }
+          const float* gr = kFloat ? reinterpret_cast<const float*>(gp + r * w) : gf.data();
+          const float* yr = kFloat ? reinterpret_cast<const float*>(yp + r * w) : yf.data();
+          float* dr = kFloat ? reinterpret_cast<float*>(dp + r * w) : out.data();
+          softmaxGradRow(gr, yr, dotFloat(gr, yr, w), mp + mrows.rows.offset(r), mrows.last_stride, sc, dr, w);
+          if (!kFloat) storeRow(out.data(), dp + r * w, w);
         }
       });
     });
@@ -942,7 +1016,7 @@ at::Tensor transposeBatchMatmul(const at::Tensor& input, const at::Tensor& weigh
       const int64_t* sp = reinterpret_cast<const int64_t*>(packed.const_data_ptr());
       int8_t* qp = out.mutable_data_ptr<int8_t>();
       const int64_t bn = t.batch * t.n;
-      at::parallel_for(0, t.m, 1, [&](int64_t begin, int64_t end) {
+      at::parallel_for(0, t.m, rowGrain(t.batch * t.n), [&](int64_t begin, int64_t end) {
         for (int64_t mi = begin; mi < end; ++mi) {
           for (int64_t b = 0; b < t.batch; ++b) {
             for (int64_t ni = 0; ni < t.n; ++ni) {
