@@ -23,6 +23,10 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -216,10 +220,100 @@ NPU_POSITION_CLONES float dotFloat(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-template <typename scalar_t>
-void loadRow(const scalar_t* x, float* out, int64_t n) {
+// ---- rows converted to and from float ---------------------------------------------------
+
+NPU_POSITION_CLONES void bf16ToFloat(const uint16_t* in, float* out, int64_t n) {
 #pragma omp simd
+  for (int64_t j = 0; j < n; ++j) out[j] = std::bit_cast<float>(static_cast<uint32_t>(in[j]) << 16);
+}
+
+// Rounded to nearest even, NaN to the quiet NaN: c10::BFloat16's rounding,
+// with masks instead of branches so that it vectorises.
+NPU_POSITION_CLONES void floatToBf16(const float* in, uint16_t* out, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    const uint32_t u = std::bit_cast<uint32_t>(in[j]);
+    const uint32_t nan = -static_cast<uint32_t>((u & 0x7fffffffu) > 0x7f800000u);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    out[j] = static_cast<uint16_t>((rounded & ~nan) | (0x7fc0u & nan));
+  }
+}
+
+// float16 rows: the F16C instructions where the CPU has them (the same IEEE
+// round-to-nearest-even as c10::Half), c10::Half's own conversion otherwise.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx,f16c"))) void halfToFloatF16c(const uint16_t* in, float* out, int64_t n) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    _mm256_storeu_ps(out + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + j))));
+  }
+  for (; j < n; ++j) out[j] = static_cast<float>(c10::Half(in[j], c10::Half::from_bits()));
+}
+
+__attribute__((target("avx,f16c"))) void floatToHalfF16c(const float* in, uint16_t* out, int64_t n) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(in + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  for (; j < n; ++j) out[j] = c10::Half(in[j]).x;
+}
+
+const bool kHasF16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+#else
+constexpr bool kHasF16c = false;
+void halfToFloatF16c(const uint16_t*, float*, int64_t) {}
+void floatToHalfF16c(const float*, uint16_t*, int64_t) {}
+#endif
+
+void loadRow(const float* x, float* out, int64_t n) { std::copy(x, x + n, out); }
+void loadRow(const double* x, float* out, int64_t n) { std::copy(x, x + n, out); }
+void loadRow(const c10::BFloat16* x, float* out, int64_t n) {
+  bf16ToFloat(reinterpret_cast<const uint16_t*>(x), out, n);
+}
+void loadRow(const c10::Half* x, float* out, int64_t n) {
+  if (kHasF16c) {
+    halfToFloatF16c(reinterpret_cast<const uint16_t*>(x), out, n);
+    return;
+  }
   for (int64_t j = 0; j < n; ++j) out[j] = static_cast<float>(x[j]);
+}
+
+void storeRow(const float* z, float* y, int64_t n) { std::copy(z, z + n, y); }
+void storeRow(const float* z, double* y, int64_t n) { std::copy(z, z + n, y); }
+void storeRow(const float* z, c10::BFloat16* y, int64_t n) { floatToBf16(z, reinterpret_cast<uint16_t*>(y), n); }
+void storeRow(const float* z, c10::Half* y, int64_t n) {
+  if (kHasF16c) {
+    floatToHalfF16c(z, reinterpret_cast<uint16_t*>(y), n);
+    return;
+  }
+  for (int64_t j = 0; j < n; ++j) y[j] = static_cast<c10::Half>(z[j]);
+}
+
+// A row to read in float: float rows as they are, others converted into buf.
+template <typename scalar_t>
+const float* floatRow(const scalar_t* x, float* buf, int64_t n) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    return x;
+  } else {
+    loadRow(x, buf, n);
+    return buf;
+  }
+}
+
+// Where to write a row in float: float rows directly, others into buf (then flushRow).
+template <typename scalar_t>
+float* floatOut(scalar_t* y, float* buf) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    return y;
+  } else {
+    return buf;
+  }
+}
+
+template <typename scalar_t>
+void flushRow(const float* buf, scalar_t* y, int64_t n) {
+  if constexpr (!std::is_same_v<scalar_t, float>) storeRow(buf, y, n);
 }
 
 // ---- rotary rows ------------------------------------------------------------------------
@@ -236,73 +330,88 @@ RotaryMode parseRotaryMode(const char* op, std::string_view mode) {
   TORCH_CHECK_VALUE(false, "npu::", op, ": rotary_mode must be 'half' or 'interleave', got '", mode, "'");
 }
 
-// One row x of d elements rotated with per-element cos/sin (d of each), in place
-// through the float buffer `buf`: y = x*c + rotate(x)*s, where rotate pairs
-// element j with j +- d/2 ("half") or with its neighbour j^1 ("interleave").
-template <typename scalar_t>
-void rotateRowFull(scalar_t* x, const scalar_t* c, const scalar_t* s, int64_t d, RotaryMode mode, float* buf) {
-  loadRow(x, buf, d);
+// y = x*c + rotate(x)*s for one row of d elements with per-element cos/sin,
+// where rotate pairs element j with j +- d/2 (half) or with its neighbour (pairs).
+NPU_POSITION_CLONES void rotateFull(const float* x, const float* c, const float* s, float* y, int64_t d, bool pairs) {
   const int64_t h = d / 2;
-  if (mode == RotaryMode::Half) {
+  if (!pairs) {
 #pragma omp simd
     for (int64_t j = 0; j < h; ++j) {
-      x[j] = static_cast<scalar_t>(buf[j] * float(c[j]) - buf[j + h] * float(s[j]));
-      x[j + h] = static_cast<scalar_t>(buf[j + h] * float(c[j + h]) + buf[j] * float(s[j + h]));
+      y[j] = x[j] * c[j] - x[j + h] * s[j];
+      y[j + h] = x[j + h] * c[j + h] + x[j] * s[j + h];
     }
-  } else {
-    for (int64_t j = 0; j < d; j += 2) {
-      x[j] = static_cast<scalar_t>(buf[j] * float(c[j]) - buf[j + 1] * float(s[j]));
-      x[j + 1] = static_cast<scalar_t>(buf[j + 1] * float(c[j + 1]) + buf[j] * float(s[j + 1]));
-    }
+    return;
   }
-}
-
-// The first 2*h elements of x rotated with h cos/sin values shared by each pair
-// (the pair (j, j+h) for "half", (2j, 2j+1) for "interleave"), out of place;
-// the rest of the row, up to d, is copied. sin_sign -1 applies the inverse
-// rotation (the backward: a rotation's transpose).
-template <typename scalar_t>
-void rotateRowHalfTable(const scalar_t* x, const float* c, const float* s, float sin_sign, int64_t h, int64_t d,
-                        RotaryMode mode, scalar_t* y) {
-  if (mode == RotaryMode::Half) {
-#pragma omp simd
-    for (int64_t j = 0; j < h; ++j) {
-      const float a = float(x[j]), b = float(x[j + h]), sn = sin_sign * s[j];
-      y[j] = static_cast<scalar_t>(a * c[j] - b * sn);
-      y[j + h] = static_cast<scalar_t>(b * c[j] + a * sn);
-    }
-  } else {
-    for (int64_t j = 0; j < h; ++j) {
-      const float a = float(x[2 * j]), b = float(x[2 * j + 1]), sn = sin_sign * s[j];
-      y[2 * j] = static_cast<scalar_t>(a * c[j] - b * sn);
-      y[2 * j + 1] = static_cast<scalar_t>(b * c[j] + a * sn);
-    }
-  }
-  std::copy(x + 2 * h, x + d, y + 2 * h);
-}
-
-// The de-interleaved rotation of one row of npu_interleave_rope: the pair
-// (x[2j], x[2j+1]) becomes (y[j], y[j+h]).
-template <typename scalar_t>
-void interleaveRopeRow(const scalar_t* x, const scalar_t* c, const scalar_t* s, scalar_t* y, int64_t h) {
 #pragma omp simd
   for (int64_t j = 0; j < h; ++j) {
-    const float a = float(x[2 * j]), b = float(x[2 * j + 1]);
-    y[j] = static_cast<scalar_t>(a * float(c[j]) - b * float(s[j]));
-    y[j + h] = static_cast<scalar_t>(b * float(c[j + h]) + a * float(s[j + h]));
+    const float a = x[2 * j], b = x[2 * j + 1];
+    y[2 * j] = a * c[2 * j] - b * s[2 * j];
+    y[2 * j + 1] = b * c[2 * j + 1] + a * s[2 * j + 1];
+  }
+}
+
+// The first 2h elements of x rotated with h cos/sin values that each pair
+// shares (the pair (j, j+h), or (2j, 2j+1) with `pairs`); sin_sign -1 applies
+// the inverse rotation (the backward: a rotation's transpose).
+NPU_POSITION_CLONES void rotateShared(const float* x, const float* c, const float* s, float sin_sign, float* y,
+                                      int64_t h, bool pairs) {
+  if (!pairs) {
+#pragma omp simd
+    for (int64_t j = 0; j < h; ++j) {
+      const float a = x[j], b = x[j + h], sn = sin_sign * s[j];
+      y[j] = a * c[j] - b * sn;
+      y[j + h] = b * c[j] + a * sn;
+    }
+    return;
+  }
+#pragma omp simd
+  for (int64_t j = 0; j < h; ++j) {
+    const float a = x[2 * j], b = x[2 * j + 1], sn = sin_sign * s[j];
+    y[2 * j] = a * c[j] - b * sn;
+    y[2 * j + 1] = b * c[j] + a * sn;
+  }
+}
+
+// npu_interleave_rope's row: the pair (x[2j], x[2j+1]) rotated into (y[j], y[j+h]).
+NPU_POSITION_CLONES void deinterleaveRotate(const float* x, const float* c, const float* s, float* y, int64_t h) {
+#pragma omp simd
+  for (int64_t j = 0; j < h; ++j) {
+    const float a = x[2 * j], b = x[2 * j + 1];
+    y[j] = a * c[j] - b * s[j];
+    y[j + h] = b * c[j + h] + a * s[j + h];
   }
 }
 
 // Its transpose: dq = g*c + rotate_half^T(g*s), written back interleaved.
-template <typename scalar_t>
-void interleaveRopeBackwardRow(const scalar_t* g, const scalar_t* c, const scalar_t* s, scalar_t* dx, int64_t h) {
+NPU_POSITION_CLONES void deinterleaveRotateBackward(const float* g, const float* c, const float* s, float* dx,
+                                                    int64_t h) {
 #pragma omp simd
   for (int64_t j = 0; j < h; ++j) {
-    const float g1 = float(g[j]), g2 = float(g[j + h]);
-    dx[2 * j] = static_cast<scalar_t>(g1 * float(c[j]) + g2 * float(s[j + h]));
-    dx[2 * j + 1] = static_cast<scalar_t>(g2 * float(c[j + h]) - g1 * float(s[j]));
+    const float g1 = g[j], g2 = g[j + h];
+    dx[2 * j] = g1 * c[j] + g2 * s[j + h];
+    dx[2 * j + 1] = g2 * c[j + h] - g1 * s[j];
   }
 }
+
+// The cos and sin rows of a rotary table in float, converted once for the
+// consecutive rows (heads) that share them.
+template <typename scalar_t>
+struct TableRows {
+  const scalar_t* cos;
+  const scalar_t* sin;
+  int64_t n;
+  std::vector<float> cbuf, sbuf;
+  int64_t cached = -1;
+  const float* c = nullptr;
+  const float* s = nullptr;
+  TableRows(const scalar_t* cos_, const scalar_t* sin_, int64_t n_) : cos(cos_), sin(sin_), n(n_), cbuf(n_), sbuf(n_) {}
+  void at(int64_t offset) {
+    if (offset == cached) return;
+    c = floatRow(cos + offset, cbuf.data(), n);
+    s = floatRow(sin + offset, sbuf.data(), n);
+    cached = offset;
+  }
+};
 
 // ---- npu_apply_rotary_pos_emb ---------------------------------------------------------------
 
@@ -371,12 +480,17 @@ void applyRotaryInPlace(const at::Tensor& query, const at::Tensor& key, const at
           const scalar_t* sp = s.const_data_ptr<scalar_t>();
           // One range over the query rows, then the key rows.
           at::parallel_for(0, q_rows + k_rows, rowGrain(d), [&](int64_t begin, int64_t end) {
-            std::vector<float> buf(d);
+            std::vector<float> xbuf(d), ybuf(d);
+            TableRows<scalar_t> table(cp, sp, d);
             for (int64_t row = begin; row < end; ++row) {
               const bool is_q = row < q_rows;
               const int64_t r = is_q ? row : row - q_rows;
-              const int64_t off = (is_q ? q_table : k_table).offset(r);
-              rotateRowFull((is_q ? qp : kp) + r * d, cp + off, sp + off, d, mode, buf.data());
+              table.at((is_q ? q_table : k_table).offset(r));
+              scalar_t* xr = (is_q ? qp : kp) + r * d;
+              loadRow(xr, xbuf.data(), d);  // a copy even for float: the row is rewritten in place
+              float* yr = floatOut(xr, ybuf.data());
+              rotateFull(xbuf.data(), table.c, table.s, yr, d, mode == RotaryMode::Interleave);
+              flushRow(yr, xr, d);
             }
           });
         });
@@ -462,11 +576,13 @@ at::Tensor interleaveRope(const at::Tensor& x, const at::Tensor& cos, const at::
       const scalar_t* sp = s.const_data_ptr<scalar_t>();
       scalar_t* yp = y.mutable_data_ptr<scalar_t>();
       at::parallel_for(0, rows, rowGrain(d), [&](int64_t begin, int64_t end) {
+        std::vector<float> xbuf(d), ybuf(d);
+        TableRows<scalar_t> tables(cp, sp, d);
         for (int64_t row = begin; row < end; ++row) {
-          const scalar_t* xr = xp + row * d;
-          const scalar_t* cr = cp + table.offset(row);
-          const scalar_t* sr = sp + table.offset(row);
-          interleaveRopeRow(xr, cr, sr, yp + row * d, h);
+          tables.at(table.offset(row));
+          float* yr = floatOut(yp + row * d, ybuf.data());
+          deinterleaveRotate(floatRow(xp + row * d, xbuf.data(), d), tables.c, tables.s, yr, h);
+          flushRow(yr, yp + row * d, d);
         }
       });
     });
@@ -490,11 +606,13 @@ at::Tensor interleaveRopeBackward(const at::Tensor& grad, const at::Tensor& cos,
       const scalar_t* sp = s.const_data_ptr<scalar_t>();
       scalar_t* dp = dx.mutable_data_ptr<scalar_t>();
       at::parallel_for(0, rows, rowGrain(d), [&](int64_t begin, int64_t end) {
+        std::vector<float> gbuf(d), dbuf(d);
+        TableRows<scalar_t> tables(cp, sp, d);
         for (int64_t row = begin; row < end; ++row) {
-          const scalar_t* gr = gp + row * d;
-          const scalar_t* cr = cp + table.offset(row);
-          const scalar_t* sr = sp + table.offset(row);
-          interleaveRopeBackwardRow(gr, cr, sr, dp + row * d, h);
+          tables.at(table.offset(row));
+          float* dr = floatOut(dp + row * d, dbuf.data());
+          deinterleaveRotateBackward(floatRow(gp + row * d, gbuf.data(), d), tables.c, tables.s, dr, h);
+          flushRow(dr, dp + row * d, d);
         }
       });
     });
@@ -633,7 +751,15 @@ std::tuple<at::Tensor, at::Tensor> mropeImpl(const char* op, const at::Tensor& p
       scalar_t* qo = q_out.mutable_data_ptr<scalar_t>();
       scalar_t* ko = k_out.mutable_data_ptr<scalar_t>();
       at::parallel_for(0, tokens, rowGrain(q.size(1) + k.size(1)), [&](int64_t begin, int64_t end) {
-        std::vector<float> c(half), s(half);
+        std::vector<float> c(half), s(half), xbuf(hs), ybuf(hs);
+        // One head: rotated, and the dimensions past rotary_dim copied.
+        auto rotateHead = [&](const scalar_t* x, scalar_t* y) {
+          const float* xr = floatRow(x, xbuf.data(), hs);
+          float* yr = floatOut(y, ybuf.data());
+          rotateShared(xr, c.data(), s.data(), sin_sign, yr, half, cfg.mode == RotaryMode::Interleave);
+          std::copy(xr + 2 * half, xr + hs, yr + 2 * half);
+          flushRow(yr, y, hs);
+        };
         for (int64_t t = begin; t < end; ++t) {
           // This token's cos/sin: each half-dimension from its section's position.
           for (int64_t j = 0; j < half; ++j) {
@@ -641,14 +767,8 @@ std::tuple<at::Tensor, at::Tensor> mropeImpl(const char* op, const at::Tensor& p
             c[j] = float(row[j]);
             s[j] = float(row[half + j]);
           }
-          for (int64_t n = 0; n < q_heads; ++n) {
-            const int64_t off = t * q.size(1) + n * hs;
-            rotateRowHalfTable(qp + off, c.data(), s.data(), sin_sign, half, hs, cfg.mode, qo + off);
-          }
-          for (int64_t n = 0; n < k_heads; ++n) {
-            const int64_t off = t * k.size(1) + n * hs;
-            rotateRowHalfTable(kp + off, c.data(), s.data(), sin_sign, half, hs, cfg.mode, ko + off);
-          }
+          for (int64_t n = 0; n < q_heads; ++n) rotateHead(qp + t * q.size(1) + n * hs, qo + t * q.size(1) + n * hs);
+          for (int64_t n = 0; n < k_heads; ++n) rotateHead(kp + t * k.size(1) + n * hs, ko + t * k.size(1) + n * hs);
         }
       });
     });
@@ -818,12 +938,6 @@ struct MaskRows {
   MaskRows(const at::Tensor& x, const at::Tensor& mask)
       : rows(x.sizes(), mask), last_stride(mask.expand(x.sizes()).stride(-1)) {}
 };
-
-template <typename scalar_t>
-void storeRow(const float* z, scalar_t* y, int64_t n) {
-#pragma omp simd
-  for (int64_t j = 0; j < n; ++j) y[j] = static_cast<scalar_t>(z[j]);
-}
 
 double scaleValue(const at::Scalar& scale) { return scale.toDouble(); }
 
