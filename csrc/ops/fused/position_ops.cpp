@@ -1106,8 +1106,7 @@ TransposeBmm checkTransposeBmm(const at::Tensor& input, const at::Tensor& weight
 // The float32 scale a packed int64 holds in its low 32 bits (npu_trans_quant_param's packing).
 float unpackScale(int64_t packed) { return std::bit_cast<float>(static_cast<uint32_t>(packed & 0xffffffff)); }
 
-// y[m, b, n] = sum_k x1[b, m, k] * x2[b, k, n] (after the permutations): one
-// bmm written straight into the [M, B, N] result through its transposed view.
+// y[m, b, n] = sum_k x1[b, m, k] * x2[b, k, n] (after the permutations).
 at::Tensor transposeBatchMatmul(const at::Tensor& input, const at::Tensor& weight,
                                 const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scale,
                                 at::OptionalIntArrayRef perm_x1, at::OptionalIntArrayRef perm_x2,
@@ -1142,9 +1141,10 @@ at::Tensor transposeBatchMatmul(const at::Tensor& input, const at::Tensor& weigh
       });
       return output(out);
     }
-    at::Tensor y = at::empty({t.m, t.batch, t.n}, x1.options());
-    at::Tensor y_by_batch = y.transpose(0, 1);
-    at::bmm_out(y_by_batch, x1, x2);
+    // The batched product into batch-major memory (its fastest form: BLAS
+    // takes the strided operands, but a strided result costs more than the
+    // copy), then laid out [M, B, N].
+    at::Tensor y = at::bmm(x1, x2).transpose(0, 1).contiguous();
     if (t.split > 1) {
       // The B * N columns cut into `split` blocks, stacked first.
       y = y.view({t.m, t.split, t.batch * t.n / t.split}).transpose(0, 1).contiguous();
