@@ -472,3 +472,56 @@ def test_ops_are_reachable_under_both_names():
                  "npu_scaled_masked_softmax", "npu_transpose_batchmatmul"]:
         assert callable(getattr(torch_npu, name))
         assert hasattr(torch.ops.npu, name)
+
+
+def opcheck_cases(device):
+    def t(*shape, dtype=torch.float32, grad=False):
+        return torch.randn(*shape, dtype=dtype, device=device, requires_grad=grad)
+
+    ops = torch.ops.npu
+    cos16 = t(3, 1, 1, 64, dtype=torch.bfloat16)
+    return [
+        (ops.npu_apply_rotary_pos_emb_inplace.default, (t(1, 3, 4, 64), t(1, 3, 2, 64), t(1, 3, 1, 64),
+                                                         t(1, 3, 1, 64), "BSND", "half"), {}),
+        (ops.npu_apply_rotary_pos_emb.default, (t(1, 3, 4, 64), t(1, 3, 2, 64), t(1, 3, 1, 64), t(1, 3, 1, 64)), {}),
+        (ops.npu_mrope.default, (torch.randint(0, 16, (3, 5), device=device), t(5, 128, grad=True),
+                                 t(5, 64, grad=True), t(16, 64), 64), {"mrope_section": [8, 12, 12]}),
+        (ops.npu_interleave_rope.default, (t(3, 4, 1, 64, dtype=torch.bfloat16, grad=True), cos16, cos16), {}),
+        (ops.npu_top_k_top_p.default, (t(2, 50), torch.tensor([0.5, 0.9], device=device),
+                                       torch.tensor([3, 5], dtype=torch.int32, device=device)), {}),
+        (ops.npu_scaled_masked_softmax.default, (t(1, 2, 32, 32, grad=True),
+                                                 torch.rand(1, 1, 32, 32, device=device) > 0.5, 0.5, False), {}),
+        (ops.npu_transpose_batchmatmul.default, (t(5, 4, 32), t(4, 32, 16)), {"perm_x1": [1, 0, 2]}),
+    ]
+
+
+def test_ops_pass_opcheck():
+    """Schemas (the in-place op's mutation annotations), fake tensors and AOT dispatch on the npu;
+    the autograd registration check, which only runs for cpu tensors, on the cpu."""
+    for op, args, kwargs in opcheck_cases("npu"):
+        result = torch.library.opcheck(op, args, kwargs, test_utils=("test_schema", "test_faketensor",
+                                                                     "test_aot_dispatch_dynamic"))
+        assert set(result.values()) == {"SUCCESS"}, (op, result)
+    for op, args, kwargs in opcheck_cases("cpu"):
+        result = torch.library.opcheck(op, args, kwargs, test_utils=("test_autograd_registration",))
+        assert set(result.values()) == {"SUCCESS"}, (op, result)
+
+
+def test_inductor_compiles_the_ops_in_one_graph():
+    """The default backend (inductor) takes the in-place rope, mrope and the masked softmax in one
+    graph (fake tensors, functionalization of the in-place op) and matches eager."""
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 4, 4, 64, device="npu"), torch.randn(1, 4, 2, 64, device="npu")
+    cos, sin = torch.randn(1, 4, 1, 64, device="npu"), torch.randn(1, 4, 1, 64, device="npu")
+    mask = torch.rand(1, 1, 32, 64, device="npu") > 0.5
+
+    def layer(q, k, cos, sin):
+        q, k = q * 2, k + 1
+        torch_npu.npu_apply_rotary_pos_emb(q, k, cos, sin)
+        cache = torch.cat((cos[0, :, 0, :32], sin[0, :, 0, :32]), -1)
+        q2, k2 = torch_npu.npu_mrope(torch.arange(4, device=q.device), q.reshape(4, -1), k.reshape(4, -1), cache, 64)
+        scores = q2.reshape(1, 1, 4, 256)[:, :, :1, :64].expand(1, 1, 32, 64)
+        return torch_npu.npu_scaled_masked_softmax(scores, mask, 0.5), k2
+
+    for actual, expected in zip(torch.compile(layer, fullgraph=True)(q, k, cos, sin), layer(q, k, cos, sin)):
+        torch.testing.assert_close(actual, expected)
