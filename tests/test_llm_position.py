@@ -347,6 +347,10 @@ def test_top_k_top_p_errors():
         torch_npu.npu_top_k_top_p(logits, p, k.long())
     with pytest.raises(RuntimeError, match="p must have logits's dtype"):
         torch_npu.npu_top_k_top_p(logits, p.half(), k)
+    with pytest.raises(ValueError, match=r"p must be in \[0, 1\] on npu:0, got 1.5 in row 0"):
+        torch_npu.npu_top_k_top_p(logits, torch.tensor([1.5, 0.5], device="npu"), k)
+    empty = torch_npu.npu_top_k_top_p(logits[:, :0], p)  # no vocabulary: nothing to filter
+    assert empty.shape == (2, 0)
     with pytest.raises(RuntimeError, match="logits must be 2-D"):
         torch_npu.npu_top_k_top_p(logits.view(2, 1, 2000), p, k)
 

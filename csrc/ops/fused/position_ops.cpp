@@ -852,8 +852,15 @@ at::Tensor topKTopP(const at::Tensor& logits, const std::optional<at::Tensor>& p
                           ", got ", kp[r], " in row ", r);
       }
     }
+    if (has_p) {
+      const float* pp = pf.const_data_ptr<float>();
+      for (int64_t r = 0; r < rows; ++r) {
+        TORCH_CHECK_VALUE(pp[r] >= 0.0f && pp[r] <= 1.0f, "npu::", op, ": p must be in [0, 1] on ",
+                          logits.device(), ", got ", pp[r], " in row ", r);
+      }
+    }
     at::Tensor out = x.clone();
-    if (!has_p && !has_k) return output(out);
+    if ((!has_p && !has_k) || vocab == 0) return output(out);
     NPU_DISPATCH_FLOATING_TYPES(x.scalar_type(), "npu_position_op", [&] {
       const scalar_t* xp = x.const_data_ptr<scalar_t>();
       scalar_t* op_ = out.mutable_data_ptr<scalar_t>();
