@@ -59,9 +59,11 @@ def test_apply_rotary_pos_emb_updates_query_and_key_in_place(dtype, layout, mode
     cos, sin = torch.randn(c_shape).to(dtype), torch.randn(c_shape).to(dtype)
     for device in DEVICES:
         qd, kd = q.to(device, copy=True), k.to(device, copy=True)
+        versions = qd._version, kd._version
         q_out, k_out = torch_npu.npu_apply_rotary_pos_emb(qd, kd, cos.to(device), sin.to(device), layout=layout,
                                                           rotary_mode=mode)
         assert q_out is qd and k_out is kd  # the Ascend contract: the inputs, updated
+        assert qd._version > versions[0] and kd._version > versions[1]  # autograd sees the mutation
         close(qd, apply_rotary_ref(q, cos, sin, mode), dtype)
         close(kd, apply_rotary_ref(k, cos, sin, mode), dtype)
 
