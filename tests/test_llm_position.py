@@ -1,11 +1,15 @@
 """The positional and sampling operators of LLM serving (csrc/ops/fused/position_ops.cpp) against
 the compositions they stand for: float32, float16 and bfloat16 at small real-model shapes, npu and
 cpu tensors, gradients where the op has a backward, torch.compile, and the errors of bad input."""
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import torch_npu
+
+from helpers import last_line, run_python
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DEVICES = ["npu", "cpu"]
@@ -531,3 +535,32 @@ def test_inductor_compiles_the_ops_in_one_graph():
 
     for actual, expected in zip(torch.compile(layer, fullgraph=True)(q, k, cos, sin), layer(q, k, cos, sin)):
         torch.testing.assert_close(actual, expected)
+
+
+def test_profiler_projects_the_ops_onto_a_chip():
+    """Under a chip profile each op's kernel carries its projected time: memory traffic for the
+    rope and softmax, the matrix unit's FLOPs for transpose_batchmatmul (more with K)."""
+    code = r"""
+import json, torch, torch_npu
+from torch_npu.profiler import ProfilerActivity, profile
+from torch_npu.profiler._analyse import projections
+x, w = torch.randn(64, 16, 512).npu(), torch.randn(16, 512, 128).npu()
+x4, w4 = torch.randn(64, 16, 2048).npu(), torch.randn(16, 2048, 128).npu()
+q, k = torch.randn(64, 4 * 128).npu(), torch.randn(64, 2 * 128).npu()
+positions, cache = torch.arange(64).npu(), torch.randn(256, 128).npu()
+scores, mask = torch.randn(2, 8, 128, 128).npu(), torch.zeros(2, 1, 128, 128, dtype=torch.bool).npu()
+torch.npu.synchronize()
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.NPU]) as prof:
+    torch_npu.npu_transpose_batchmatmul(x, w, perm_x1=(1, 0, 2))
+    torch_npu.npu_transpose_batchmatmul(x4, w4, perm_x1=(1, 0, 2))
+    torch_npu.npu_mrope(positions, q, k, cache, 128)
+    torch_npu.npu_scaled_masked_softmax(scores, mask, 0.5)
+    torch.npu.synchronize()
+print(json.dumps([[p.name, p.projected_ns] for p in projections(prof)]))
+"""
+    found = json.loads(last_line(run_python(code, env={"NPU_EMU_PROFILE": "ascend910b2"}, timeout=300)))
+    names = [name for name, _ in found]
+    assert names == ["npu_transpose_batchmatmul", "npu_transpose_batchmatmul", "npu_mrope",
+                     "npu_scaled_masked_softmax"], found
+    assert all(ns > 0 for _, ns in found)
+    assert found[1][1] > found[0][1]  # four times the reduction dimension

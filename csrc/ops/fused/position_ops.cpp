@@ -41,6 +41,8 @@
 #include <vector>
 
 #include "../../core/device.h"
+#include "../../core/profile.h"
+#include "../../runtime/tracing.h"
 #include "../dtypes.h"
 #include "../host_execution.h"
 
@@ -49,13 +51,37 @@ namespace {
 
 // ---- running on the host -------------------------------------------------------------
 
+// What the op does, for its projected time on a profile's chip while a
+// profiler runs: the tensors' traffic plus an output the size of the largest,
+// one operation per element, or `cube_flops` on the matrix unit.
+profile::KernelWork kernelWork(std::initializer_list<std::reference_wrapper<const at::Tensor>> tensors,
+                               double cube_flops) {
+  profile::KernelWork work;
+  double largest = 0;
+  bool dtype_set = false;
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined()) continue;
+    work.bytes += static_cast<double>(t.numel()) * static_cast<double>(t.itemsize());
+    largest = std::max(largest, static_cast<double>(t.numel()));
+    if (!dtype_set && c10::isFloatingType(t.scalar_type())) {
+      work.dtype = t.scalar_type();
+      dtype_set = true;
+    }
+  }
+  work.bytes += largest * static_cast<double>(c10::elementSize(work.dtype));
+  work.cube = cube_flops > 0;
+  work.flops = work.cube ? cube_flops : largest;
+  return work;
+}
+
 // Runs `compute` on host tensors: for npu inputs inside a HostExecution (so the
 // tensors it allocates are npu memory), for cpu inputs directly. `input` gives
 // a contiguous host tensor to read, `inout` the host alias to update in place
 // (see updateInPlace), `output` the result as a tensor of the inputs' device.
+// Under a profiler with a chip profile the kernel carries its projected time.
 template <class Compute>
 auto onHost(const char* op, std::initializer_list<std::reference_wrapper<const at::Tensor>> tensors,
-            Compute compute) {
+            Compute compute, double cube_flops = 0) {
   const at::Tensor& first = tensors.begin()->get();
   for (const at::Tensor& t : tensors) {
     TORCH_CHECK(!t.defined() || t.device() == first.device(), "Expected all tensors to be on the same device, but "
@@ -65,6 +91,10 @@ auto onHost(const char* op, std::initializer_list<std::reference_wrapper<const a
   if (first.device().type() != kNPU) {
     return compute([](const at::Tensor& t) { return t.defined() ? t.contiguous() : t; },
                    [](const at::Tensor& t) { return t; }, [](const at::Tensor& t) { return t; });
+  }
+  std::optional<runtime::tracing::Projection> projection;
+  if (C10_UNLIKELY(runtime::tracing::enabled()) && profile::projectionProfile() != nullptr) {
+    projection.emplace(profile::projectKernelNs(profile::projectionCost(), kernelWork(tensors, cube_flops)));
   }
   HostExecution exec(first.device(), op);
   return compute([&](const at::Tensor& t) { return t.defined() ? exec.alias(t).contiguous() : t; },
@@ -1123,6 +1153,7 @@ at::Tensor transposeBatchMatmul(const at::Tensor& input, const at::Tensor& weigh
       checkTransposeBmm(input, weight, bias, scale, perm_x1, perm_x2, perm_y, batch_split_factor);
   const bool quantized = scale.has_value() && scale->defined();
   const at::Tensor scale_or_none = quantized ? *scale : at::Tensor();
+  const double matmul_flops = 2.0 * static_cast<double>(t.batch * t.m) * static_cast<double>(t.k * t.n);
   return onHost(op, {input, weight, scale_or_none}, [&](auto, auto inout, auto output) {
     // Host views as they are (bmm takes strides): no copy of non-contiguous inputs.
     const at::Tensor x1 = t.x1_transposed ? inout(input).transpose(0, 1) : inout(input);
@@ -1157,7 +1188,7 @@ at::Tensor transposeBatchMatmul(const at::Tensor& input, const at::Tensor& weigh
       y = y.view({t.m, t.split, t.batch * t.n / t.split}).transpose(0, 1).contiguous();
     }
     return output(y);
-  });
+  }, matmul_flops);
 }
 
 at::Tensor transposeBatchMatmulMeta(const at::Tensor& input, const at::Tensor& weight,
