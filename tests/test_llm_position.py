@@ -78,11 +78,12 @@ def test_apply_rotary_pos_emb_broadcasts_batch_and_updates_non_contiguous_views(
     cos, sin = torch.randn(1, 3, 1, 64), torch.randn(1, 3, 1, 64)  # B = 1 broadcasts
     expected_q = apply_rotary_ref(qkv[:, :, :4], cos, sin, "half")
     expected_k = apply_rotary_ref(qkv[:, :, 4:], cos, sin, "half")
-    packed = qkv.npu()
-    q, k = packed[:, :, :4], packed[:, :, 4:]
-    torch.ops.npu.npu_apply_rotary_pos_emb(q, k, cos.npu(), sin.npu())
-    close(packed[:, :, :4], expected_q, torch.float32)
-    close(packed[:, :, 4:], expected_k, torch.float32)
+    for device in DEVICES:
+        packed = qkv.to(device, copy=True)
+        q, k = packed[:, :, :4], packed[:, :, 4:]
+        torch.ops.npu.npu_apply_rotary_pos_emb(q, k, cos.to(device), sin.to(device))
+        close(packed[:, :, :4], expected_q, torch.float32)
+        close(packed[:, :, 4:], expected_k, torch.float32)
 
 
 def test_apply_rotary_pos_emb_refuses_tensors_that_require_grad():
