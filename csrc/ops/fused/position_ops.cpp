@@ -13,7 +13,6 @@
 // tensors) are here; autograd is registered from Python (torch_npu/_llm_position.py).
 #include <ATen/Dispatch.h>
 #include <ATen/ExpandUtils.h>
-#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -35,8 +34,8 @@
 #include <limits>
 #include <numeric>
 #include <optional>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -233,10 +232,13 @@ NPU_POSITION_CLONES void scaleRow(const float* z, float factor, float* y, int64_
 // dx = mask ? 0 : scale * y * (g - dot) for one row (dot = sum(g * y)).
 NPU_POSITION_CLONES void softmaxGradRow(const float* g, const float* y, float dot, const uint8_t* mask,
                                         int64_t mask_stride, float scale, float* dx, int64_t n) {
+  if (mask_stride == 0 && *mask != 0) {
+    std::fill(dx, dx + n, 0.0f);
+    return;
+  }
   if (mask_stride == 0) {
-    const float factor = *mask != 0 ? 0.0f : scale;
 #pragma omp simd
-    for (int64_t j = 0; j < n; ++j) dx[j] = factor * y[j] * (g[j] - dot);
+    for (int64_t j = 0; j < n; ++j) dx[j] = scale * y[j] * (g[j] - dot);
     return;
   }
 #pragma omp simd
