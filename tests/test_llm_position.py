@@ -565,3 +565,33 @@ print(json.dumps([[p.name, p.projected_ns] for p in projections(prof)]))
                      "npu_scaled_masked_softmax"], found
     assert all(ns > 0 for _, ns in found)
     assert found[1][1] > found[0][1]  # four times the reduction dimension
+
+
+def test_top_k_top_p_and_transpose_batchmatmul_gradients():
+    """The inference ops differentiate as their compositions do (no silent None gradient)."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 40)
+    p, k = torch.tensor([0.7, 0.9, 0.5]), torch.tensor([5, 40, 12], dtype=torch.int32)
+    kept = torch.isfinite(top_k_top_p_ref(logits, p, k))
+    ref = leaf(logits)
+    (ref.masked_fill(~kept, float("-inf")).clamp(min=-1e9) * torch.arange(40.0)).sum().backward()
+    x1, x2 = torch.randn(5, 4, 32), torch.randn(4, 16, 32)  # perm_x1 [1, 0, 2], perm_x2 [0, 2, 1]
+    ref1, ref2 = leaf(x1), leaf(x2)
+    y = transpose_bmm_ref(ref1, ref2, (1, 0, 2), (0, 2, 1))
+    grad = torch.randn_like(y)
+    y.backward(grad)
+    for device in DEVICES:
+        lg = leaf(logits, device)
+        out = torch_npu.npu_top_k_top_p(lg, p.to(device), k.to(device))
+        (out.clamp(min=-1e9) * torch.arange(40.0, device=device)).sum().backward()
+        close(lg.grad, ref.grad, torch.float32)
+        a, b = leaf(x1, device), leaf(x2, device)
+        out = torch_npu.npu_transpose_batchmatmul(a, b, perm_x1=[1, 0, 2], perm_x2=[0, 2, 1])
+        out.backward(grad.to(device))
+        close(a.grad, ref1.grad, torch.float32)
+        close(b.grad, ref2.grad, torch.float32)
+        a2, b2 = leaf(x1, device), leaf(x2, device)  # the split form: the same columns, stacked
+        split = torch_npu.npu_transpose_batchmatmul(a2, b2, perm_x1=[1, 0, 2], perm_x2=[0, 2, 1], batch_split_factor=4)
+        split.backward(grad.reshape(5, 4, 16).transpose(0, 1).to(device))
+        close(a2.grad, ref1.grad, torch.float32)
+        close(b2.grad, ref2.grad, torch.float32)

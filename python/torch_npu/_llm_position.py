@@ -9,9 +9,12 @@ torch.compile trace them. Derivatives, registered here:
   embeddings built on them can be trained; their cos/sin tables are constants (an error if they
   require grad, rather than a silently missing gradient).
 
+- ``npu_top_k_top_p`` (logits) and ``npu_transpose_batchmatmul`` (input, weight; not the quantized
+  form), inference operators on Ascend: their exact derivatives, so that a graph through them
+  gets gradients rather than autograd's silent None.
+
 ``npu_apply_rotary_pos_emb`` updates query and key in place and, as on Ascend, has no backward (its
-autograd kernel refuses tensors that require grad); ``npu_top_k_top_p`` and
-``npu_transpose_batchmatmul`` are inference operators without a backward on Ascend either.
+autograd kernel refuses tensors that require grad).
 """
 import torch
 
@@ -89,6 +92,46 @@ def _interleave_rope_backward(ctx, grad):
 
 torch.library.register_autograd("npu::npu_interleave_rope", _interleave_rope_backward,
                                 setup_context=_interleave_rope_setup)
+
+
+def _top_k_top_p_setup(ctx, inputs, output):
+    logits, _, _ = inputs
+    ctx.save_for_backward(logits, output)
+
+
+def _top_k_top_p_backward(ctx, grad):
+    # The kept logits pass through unchanged; the filtered ones became a constant (-inf).
+    logits, output = ctx.saved_tensors
+    return grad * (output == logits), None, None
+
+
+torch.library.register_autograd("npu::npu_top_k_top_p", _top_k_top_p_backward, setup_context=_top_k_top_p_setup)
+
+
+def _transpose_batchmatmul_setup(ctx, inputs, output):
+    input_, weight, scale, perm_x1, perm_x2, split = inputs
+    if scale is not None:
+        raise RuntimeError("torch_npu.npu_transpose_batchmatmul: the quantized form (scale=...) gives int8 and has "
+                           "no backward; call it under torch.no_grad()")
+    ctx.save_for_backward(input_, weight)
+    ctx.perm_x1, ctx.perm_x2, ctx.split = list(perm_x1), list(perm_x2), split
+
+
+def _transpose_batchmatmul_backward(ctx, grad):
+    # y[m, b, :] = a[b, m, :] @ w[b]: the bmm's gradients, permuted back to the inputs' layouts.
+    input_, weight = ctx.saved_tensors
+    a, w = input_.permute(ctx.perm_x1), weight.permute(ctx.perm_x2)  # [B, M, K], [B, K, N]
+    if ctx.split > 1:  # [split, M, B*N/split] -> [M, B*N]
+        grad = grad.transpose(0, 1).reshape(grad.shape[1], -1)
+    g = grad.reshape(a.shape[1], a.shape[0], w.shape[2]).transpose(0, 1)  # [B, M, N]
+    da = (g @ w.transpose(1, 2)).permute(ctx.perm_x1) if ctx.needs_input_grad[0] else None
+    dw = (a.transpose(1, 2) @ g).permute(ctx.perm_x2) if ctx.needs_input_grad[1] else None
+    return da, dw, None, None, None, None
+
+
+# (on the kernel's op: the public one, whose tensors are keyword-only after the first two, composes it)
+torch.library.register_autograd("npu::npu_transpose_batchmatmul_core", _transpose_batchmatmul_backward,
+                                setup_context=_transpose_batchmatmul_setup)
 
 
 # ---- the public names ---------------------------------------------------------------------------

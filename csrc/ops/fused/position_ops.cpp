@@ -1203,6 +1203,37 @@ at::Tensor transposeBatchMatmulMeta(const at::Tensor& input, const at::Tensor& w
   return at::empty(t.out_shape, input.options().dtype(quantized ? at::kChar : input.scalar_type()));
 }
 
+// The kernel's op: positional tensors (what torch.library's autograd
+// registration takes), the permutations resolved.
+at::Tensor transposeBatchMatmulCore(const at::Tensor& input, const at::Tensor& weight,
+                                    const std::optional<at::Tensor>& scale, at::IntArrayRef perm_x1,
+                                    at::IntArrayRef perm_x2, int64_t batch_split_factor) {
+  const std::optional<at::Tensor> no_bias;
+  return transposeBatchMatmul(input, weight, no_bias, scale, perm_x1, perm_x2, std::nullopt, batch_split_factor);
+}
+
+at::Tensor transposeBatchMatmulCoreMeta(const at::Tensor& input, const at::Tensor& weight,
+                                        const std::optional<at::Tensor>& scale, at::IntArrayRef perm_x1,
+                                        at::IntArrayRef perm_x2, int64_t batch_split_factor) {
+  const std::optional<at::Tensor> no_bias;
+  return transposeBatchMatmulMeta(input, weight, no_bias, scale, perm_x1, perm_x2, std::nullopt, batch_split_factor);
+}
+
+// The Ascend signature: checks what only it has (bias, perm_y), then the kernel's op.
+at::Tensor transposeBatchMatmulPublic(const at::Tensor& input, const at::Tensor& weight,
+                                      const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scale,
+                                      at::OptionalIntArrayRef perm_x1, at::OptionalIntArrayRef perm_x2,
+                                      at::OptionalIntArrayRef perm_y, std::optional<int64_t> batch_split_factor) {
+  const TransposeBmm t =
+      checkTransposeBmm(input, weight, bias, scale, perm_x1, perm_x2, perm_y, batch_split_factor);
+  static const auto core = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("npu::npu_transpose_batchmatmul_core", "")
+                               .typed<decltype(transposeBatchMatmulCore)>();
+  const std::array<int64_t, 3> p1 = t.x1_transposed ? std::array<int64_t, 3>{1, 0, 2} : std::array<int64_t, 3>{0, 1, 2};
+  const std::array<int64_t, 3> p2 = t.x2_transposed ? std::array<int64_t, 3>{0, 2, 1} : std::array<int64_t, 3>{0, 1, 2};
+  return core.call(input, weight, scale, p1, p2, t.split);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(npu, m) {
@@ -1225,7 +1256,11 @@ TORCH_LIBRARY_FRAGMENT(npu, m) {
         "bool fixed_triu_mask) -> Tensor");
   m.def("npu_transpose_batchmatmul(Tensor input, Tensor weight, *, Tensor? bias=None, Tensor? scale=None, "
         "int[]? perm_x1=None, int[]? perm_x2=None, int[]? perm_y=None, int? batch_split_factor=1) -> Tensor");
+  m.def("npu_transpose_batchmatmul_core(Tensor input, Tensor weight, Tensor? scale, int[] perm_x1, int[] perm_x2, "
+        "int batch_split_factor) -> Tensor");
   m.impl("npu_apply_rotary_pos_emb", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(applyRotaryPosEmb));
+  m.impl("npu_transpose_batchmatmul", c10::DispatchKey::CompositeImplicitAutograd,
+         TORCH_FN(transposeBatchMatmulPublic));
   m.impl("npu_apply_rotary_pos_emb_inplace", c10::DispatchKey::Autograd, TORCH_FN(applyRotaryInPlaceAutograd));
 }
 
@@ -1239,7 +1274,7 @@ TORCH_LIBRARY_FRAGMENT(npu, m) {
     m.impl("npu_top_k_top_p", TORCH_FN(topKTopP));                                 \
     m.impl("npu_scaled_masked_softmax", TORCH_FN(scaledMaskedSoftmax));            \
     m.impl("npu_scaled_masked_softmax_backward", TORCH_FN(scaledMaskedSoftmaxBackward)); \
-    m.impl("npu_transpose_batchmatmul", TORCH_FN(transposeBatchMatmul));           \
+    m.impl("npu_transpose_batchmatmul_core", TORCH_FN(transposeBatchMatmulCore));  \
   }
 NPU_POSITION_KERNELS(PrivateUse1)
 NPU_POSITION_KERNELS(CPU)
@@ -1254,7 +1289,7 @@ TORCH_LIBRARY_IMPL(npu, Meta, m) {
   m.impl("npu_top_k_top_p", TORCH_FN(topKTopPMeta));
   m.impl("npu_scaled_masked_softmax", TORCH_FN(scaledMaskedSoftmaxMeta));
   m.impl("npu_scaled_masked_softmax_backward", TORCH_FN(scaledMaskedSoftmaxBackwardMeta));
-  m.impl("npu_transpose_batchmatmul", TORCH_FN(transposeBatchMatmulMeta));
+  m.impl("npu_transpose_batchmatmul_core", TORCH_FN(transposeBatchMatmulCoreMeta));
 }
 
 }  // namespace npu::ops
