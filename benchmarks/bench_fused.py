@@ -144,11 +144,11 @@ def position_cases(scale):
          lambda pos, a, b, t: torch_npu.npu_mrope(pos, a, b, t, 128, mrope_section=sections),
          lambda pos, a, b, t: _mrope_composed(pos, a, b, t, 128, sections)),
         ("interleave_rope", (xi, ci, si), (0,), torch_npu.npu_interleave_rope, interleave_composed),
-        ("top_k_top_p", (logits, p, top_k), None, torch_npu.npu_top_k_top_p, _top_k_top_p_composed),
+        ("top_k_top_p", (logits, p, top_k), (0,), torch_npu.npu_top_k_top_p, _top_k_top_p_composed),
         ("scaled_masked_softmax", (scores, causal), (0,),
          lambda x, m: torch_npu.npu_scaled_masked_softmax(x, m, 0.125),
          lambda x, m: torch.softmax((x * 0.125).masked_fill(m, -10000.0), -1)),
-        ("transpose_batchmatmul", (latent, w_uv), None,
+        ("transpose_batchmatmul", (latent, w_uv), (0, 1),
          lambda x, w: torch_npu.npu_transpose_batchmatmul(x, w, perm_x1=(1, 0, 2)),
          lambda x, w: (x.transpose(0, 1) @ w).transpose(0, 1).contiguous()),
     ]
