@@ -7,8 +7,7 @@ torch.compile trace them. Derivatives, registered here:
 - ``npu_scaled_masked_softmax``: its backward op, as on Ascend;
 - ``npu_mrope`` (query, key) and ``npu_interleave_rope`` (x): the inverse rotation, so rotary
   embeddings built on them can be trained; their cos/sin tables are constants (an error if they
-  require grad, rather than a silently missing gradient).
-
+  require grad, rather than a silently missing gradient);
 - ``npu_top_k_top_p`` (logits) and ``npu_transpose_batchmatmul`` (input, weight; not the quantized
   form), inference operators on Ascend: their exact derivatives, so that a graph through them
   gets gradients rather than autograd's silent None.
