@@ -93,6 +93,11 @@ def test_apply_rotary_pos_emb_refuses_tensors_that_require_grad():
         torch_npu.npu_apply_rotary_pos_emb(q.requires_grad_(), k, cos, sin)
     with torch.no_grad():
         torch_npu.npu_apply_rotary_pos_emb(q, k, cos, sin)  # fine without autograd
+    with torch.inference_mode():  # as vLLM serves
+        q, k = q.clone(), k.clone()
+        torch_npu.npu_apply_rotary_pos_emb(q, k, cos, sin)
+    with pytest.raises(RuntimeError, match="inference tensor outside InferenceMode"):
+        torch_npu.npu_apply_rotary_pos_emb(q, k, cos, sin)  # as aten's in-place ops
 
 
 def test_apply_rotary_pos_emb_compiles_and_matches_eager():

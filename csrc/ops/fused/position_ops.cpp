@@ -19,6 +19,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/empty.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
@@ -497,6 +498,12 @@ void applyRotaryInPlace(const at::Tensor& query, const at::Tensor& key, const at
   constexpr const char* op = "npu_apply_rotary_pos_emb";
   checkApplyRotary(query, key, cos, sin, layout, rotary_mode);
   const RotaryMode mode = parseRotaryMode(op, rotary_mode);
+  // As aten's in-place ops (inference tensors have no autograd key, so the autograd kernel does not see them).
+  for (const at::Tensor* t : {&query, &key}) {
+    TORCH_CHECK(!t->is_inference() || c10::InferenceMode::is_enabled(), "npu::", op, ": an in-place update of an "
+                "inference tensor outside InferenceMode is not allowed (", t->device(), "); call it under "
+                "torch.inference_mode(), or pass query.clone() and key.clone()");
+  }
   onHost(op, {query, key, cos, sin}, [&](auto input, auto inout, auto) {
     const at::Tensor c = input(cos);
     const at::Tensor s = input(sin);
