@@ -292,9 +292,15 @@ __attribute__((target("avx,f16c"))) void floatToHalfF16c(const float* in, uint16
   for (; j < n; ++j) out[j] = c10::Half(in[j]).x;
 }
 
-const bool kHasF16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+bool hasF16c() {
+  static const bool has = [] {
+    __builtin_cpu_init();  // idempotent; needed if this first runs from a static initialiser
+    return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  }();
+  return has;
+}
 #else
-constexpr bool kHasF16c = false;
+bool hasF16c() { return false; }
 void halfToFloatF16c(const uint16_t*, float*, int64_t) {}
 void floatToHalfF16c(const float*, uint16_t*, int64_t) {}
 #endif
@@ -305,7 +311,7 @@ void loadRow(const c10::BFloat16* x, float* out, int64_t n) {
   bf16ToFloat(reinterpret_cast<const uint16_t*>(x), out, n);
 }
 void loadRow(const c10::Half* x, float* out, int64_t n) {
-  if (kHasF16c) {
+  if (hasF16c()) {
     halfToFloatF16c(reinterpret_cast<const uint16_t*>(x), out, n);
     return;
   }
@@ -316,7 +322,7 @@ void storeRow(const float* z, float* y, int64_t n) { std::copy(z, z + n, y); }
 void storeRow(const float* z, double* y, int64_t n) { std::copy(z, z + n, y); }
 void storeRow(const float* z, c10::BFloat16* y, int64_t n) { floatToBf16(z, reinterpret_cast<uint16_t*>(y), n); }
 void storeRow(const float* z, c10::Half* y, int64_t n) {
-  if (kHasF16c) {
+  if (hasF16c()) {
     floatToHalfF16c(z, reinterpret_cast<uint16_t*>(y), n);
     return;
   }
