@@ -479,6 +479,8 @@ def test_transpose_batchmatmul_errors():
         tbmm(x1, x2.half())
     with pytest.raises(RuntimeError, match=r"weight .* must be \[B = 4, K = 64, N\]"):
         tbmm(x1, x2[:2])
+    with pytest.raises(RuntimeError, match=r"with perm_x1 \[1, 0, 2\], K \* B \(65536\) must be below 65536"):
+        tbmm(torch.empty(1, 64, 1024, device="npu"), torch.empty(64, 1024, 16, device="npu"), perm_x1=[1, 0, 2])
     with pytest.raises(ValueError, match="batch_split_factor .* must divide"):
         tbmm(x1, x2, batch_split_factor=3)
 

@@ -1135,6 +1135,8 @@ TransposeBmm checkTransposeBmm(const at::Tensor& input, const at::Tensor& weight
   TORCH_CHECK(t.k % 16 == 0 && t.n % 16 == 0 && t.k < 65536 && t.n < 65536 && t.batch >= 1 && t.batch < 65536,
               "npu::", op, ": K (", t.k, ") and N (", t.n, ") must be multiples of 16 below 65536 and B (", t.batch,
               ") in [1, 65536) (the Ascend kernel's limits)");
+  TORCH_CHECK(!t.x1_transposed || t.k * t.batch < 65536, "npu::", op, ": with perm_x1 [1, 0, 2], K * B (",
+              t.k * t.batch, ") must be below 65536 (the Ascend kernel's limit)");
   t.split = batch_split_factor.value_or(1);
   const bool quantized = scale.has_value() && scale->defined();
   if (quantized) {
