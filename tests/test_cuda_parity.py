@@ -33,8 +33,6 @@ CUDA_ONLY = {
 }
 # Meaningful on any accelerator, not on the npu yet.
 NOT_YET = {
-    "caching_allocator_enable": "turning the caching allocator off (every free straight back to the device)",
-    "caching_allocator_disabled": "turning the caching allocator off (every free straight back to the device)",
     "change_current_allocator": "pluggable allocators loaded from a shared library",
     "CUDAPluggableAllocator": "pluggable allocators loaded from a shared library",
 }

@@ -57,6 +57,9 @@ struct Settings {
   std::string text;            // as given
 };
 Settings g_settings;
+// torch.npu.caching_allocator_enable(False): no reuse of freed memory; each free
+// goes back to the device once its stream's work passed it (cudaFree waits likewise).
+std::atomic<bool> g_caching_enabled{true};
 
 std::size_t divisionsFor(std::size_t size) {
   const int log_size = floorLog2(size);
@@ -237,13 +240,16 @@ class DeviceCache {
     PrivatePool* private_pool = activePool(stream);
     Pool& pool = poolFor(private_pool, small);
 
-    Block* block = takeBestFit(pool, size, stream, for_host);
+    // Graph and user pools keep caching while the caching allocator is off.
+    const bool uncached = private_pool == nullptr && !g_caching_enabled.load(std::memory_order_relaxed);
+    if (C10_UNLIKELY(uncached)) releaseUncachedSegments();
+    Block* block = uncached ? nullptr : takeBestFit(pool, size, stream, for_host);
     if (block == nullptr) {
       // Graph and user pools keep ordinary segments.
-      const bool expand = !small && private_pool == nullptr && expandableEnabled();
+      const bool expand = !uncached && !small && private_pool == nullptr && expandableEnabled();
       auto more = [&]() -> Block* {
         if (expand) return growExpandable(size, stream, for_host, context);
-        const std::size_t segment_size = segmentSize(size, small);
+        const std::size_t segment_size = uncached ? size : segmentSize(size, small);
         void* memory = deviceAllocate(segment_size);
         if (memory == nullptr) return nullptr;
         return newSegment(static_cast<char*>(memory), segment_size, stream, small, private_pool, context);
@@ -303,6 +309,7 @@ class DeviceCache {
           poolId(block->pool), context);
     if (block->stream_uses.empty()) {
       returnToPool(block);
+      if (C10_UNLIKELY(!g_caching_enabled.load(std::memory_order_relaxed))) releaseUncachedSegments();
       return;
     }
     // Other streams may still read it: reuse only after their work so far ran.
@@ -626,6 +633,24 @@ class DeviceCache {
   // reserved memory passes the fraction of what this process may use, whole cached
   // large segments of the general pool whose work completed are freed, the longest
   // unused first, until it is below.
+  // With the caching allocator off: the free whole segments whose stream has run
+  // past their free go back to the device (the others at a later call).
+  void releaseUncachedSegments() {
+    processPendingEvents();
+    for (Pool* pool : {&small_, &large_}) {
+      std::vector<Block*> done;
+      for (Block* block : *pool) {
+        if (block->expandable == nullptr && !block->isSplit() && runtimeStream(block->stream).passed(block->free_position)) {
+          done.push_back(block);
+        }
+      }
+      for (Block* block : done) {
+        pool->erase(block);
+        freeSegment(block);
+      }
+    }
+  }
+
   void collectGarbage() {
     std::size_t free_bytes = 0, total_bytes = 0;
     rt().memoryInfo(&free_bytes, &total_bytes);
@@ -1523,6 +1548,11 @@ std::string settingsVariable() {
 
 namespace allocator {
 void emptyCache() { g_allocator->releaseCachedMemory(); }
+void setCachingEnabled(bool enabled) {
+  g_caching_enabled.store(enabled);
+  if (!enabled) g_allocator->releaseCachedMemory();  // what the cache holds goes back now
+}
+bool cachingEnabled() { return g_caching_enabled.load(); }
 std::map<std::string, int64_t> memoryStats(c10::DeviceIndex device) {
   return g_allocator->stats(resolveDevice(device));
 }

@@ -29,6 +29,10 @@ namespace allocator {
 
 // Frees every cached block that is not in use (torch.npu.empty_cache()).
 void emptyCache();
+// torch.npu.caching_allocator_enable: off, freed memory is not reused but goes back
+// to the device once its stream's work is done (graph and user pools still cache).
+void setCachingEnabled(bool enabled);
+bool cachingEnabled();
 // Flattened statistics: "allocated_bytes.all.current", "num_ooms", ...
 std::map<std::string, int64_t> memoryStats(c10::DeviceIndex device);
 void resetPeakStats(c10::DeviceIndex device);

@@ -273,6 +273,9 @@ void bindMemory(py::module_& m) {
         [](int64_t d) { npu::allocator::resetAccumulatedStats(npu::toDeviceIndex(d)); });
   m.def("_memory_summary", [](int64_t d) { return npu::allocator::memorySummary(npu::toDeviceIndex(d)); });
   m.def("_empty_cache", [] { npu::allocator::emptyCache(); }, py::call_guard<py::gil_scoped_release>());
+  m.def("_caching_allocator_enable", [](bool enabled) { npu::allocator::setCachingEnabled(enabled); },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("_caching_allocator_is_enabled", [] { return npu::allocator::cachingEnabled(); });
 
   // The pinned host allocator: torch.cuda.host_memory_stats_as_nested_dict()'s structure.
   m.def("_host_memory_stats", [] {

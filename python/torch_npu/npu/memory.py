@@ -55,6 +55,27 @@ def empty_cache() -> None:
     _C._empty_cache()
 
 
+def caching_allocator_enable(value: bool = True) -> None:
+    """Turns the caching allocator on (the default) or off, as torch.cuda's.
+
+    Off, freed memory is never reused: it goes back to the device once the work
+    queued on its stream before the free has run, and what the cache held goes
+    back at once. Graph pools and MemPools keep caching.
+    """
+    _C._caching_allocator_enable(bool(value))
+
+
+@contextlib.contextmanager
+def caching_allocator_disabled():
+    """The caching allocator off inside the block, as it was after."""
+    previous = _C._caching_allocator_is_enabled()
+    caching_allocator_enable(False)
+    try:
+        yield
+    finally:
+        caching_allocator_enable(previous)
+
+
 def memory_stats_as_nested_dict(device: Any = None) -> Dict[str, Any]:
     """memory_stats() as nested dicts: {"allocated_bytes": {"all": {"current": ...}}}, as torch.cuda's."""
     nested: Dict[str, Any] = {}
