@@ -33,11 +33,9 @@ CUDA_ONLY = {
 }
 # Meaningful on any accelerator, not on the npu yet.
 NOT_YET = {
-    "change_current_allocator": "pluggable allocators loaded from a shared library",
-    "CUDAPluggableAllocator": "pluggable allocators loaded from a shared library",
 }
 # torch.cuda's name -> torch.npu's, where the name says CUDA.
-RENAMED = {"CUDAGraph": "NPUGraph"}
+RENAMED = {"CUDAGraph": "NPUGraph", "CUDAPluggableAllocator": "NPUPluggableAllocator"}
 
 
 def cuda_names():

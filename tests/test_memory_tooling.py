@@ -57,7 +57,7 @@ def test_mempool_ids_and_use_count():
 
 
 def test_mempool_refuses_cuda_only_options():
-    with pytest.raises(NotImplementedError, match="custom .*allocator is not supported on the npu"):
+    with pytest.raises(TypeError, match="allocator must be an NPUPluggableAllocator"):
         torch.npu.MemPool(allocator=object())
     with pytest.raises(NotImplementedError, match="use_on_oom"):
         torch.npu.MemPool(use_on_oom=True)
