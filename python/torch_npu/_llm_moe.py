@@ -9,6 +9,7 @@ code differentiates through them, and the public names.
   softmax (Ascend registers none: training code gets the router's gradient here).
 - ``npu_grouped_matmul``: float operands differentiate for x, weight and bias;
   the backward is itself grouped matmuls (along m for x, along k for weight).
+- ``npu_moe_init_routing_v2``: unquantized, the gradient of the row gather to x (and scale).
 - ``npu_moe_token_unpermute``: backward is ``npu_moe_token_unpermute_grad``.
 """
 import torch
@@ -62,6 +63,61 @@ def _unpermute_backward(ctx, grad):
 
 
 torch.library.register_autograd("npu::npu_moe_token_unpermute", _unpermute_backward, setup_context=_unpermute_setup)
+
+
+# npu_moe_init_routing_v2 (unquantized): expanded_x and expanded_scale gather rows of x and
+# scale, so their gradients are sums over the rows each token went to. An Autograd kernel, as
+# register_autograd refuses the kwarg-only scale.
+
+class _InitRouting(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, op, call, x, scale):
+        with torch._C._AutoDispatchBelowAutograd():
+            outs = op(x, scale=scale, **call)
+        ctx.save_for_backward(call["expert_idx"], outs[1])
+        ctx.call, ctx.x_shape, ctx.x_dtype, ctx.rows_out = call, x.shape, x.dtype, outs[0].numel() // max(x.shape[1], 1)
+        ctx.scale_like = (scale.shape, scale.dtype) if scale is not None else None
+        ctx.mark_non_differentiable(outs[1], outs[2])
+        return outs
+
+    @staticmethod
+    def backward(ctx, grad_x, _grad_row_idx, _grad_counts, grad_scale):
+        expert_idx, row_idx = ctx.saved_tensors
+        call, (tokens, hidden) = ctx.call, ctx.x_shape
+        k = expert_idx.shape[1]
+        row_idx = row_idx.long()
+        if call["row_idx_type"] == 0:  # row_idx[pair] = its row (-1: dropped; past rows_out: not active)
+            pairs = torch.arange(tokens * k, device=row_idx.device)
+            keep = (row_idx >= 0) & (row_idx < ctx.rows_out)
+            rows, token_of = row_idx[keep], pairs[keep] // k
+        else:  # row_idx[row] = its pair, for the active rows
+            start, end = call["active_expert_range"] or [0, call["expert_num"] if call["expert_num"] > 0 else 2**31]
+            routed = int(((expert_idx >= start) & (expert_idx < end)).sum())
+            active = routed if call["active_num"] <= 0 else min(call["active_num"], routed)
+            rows = torch.arange(active, device=row_idx.device)
+            token_of = row_idx[:active] // k
+        dx = None
+        if grad_x is not None:
+            g = grad_x.reshape(-1, hidden).float()
+            dx = torch.zeros(tokens, hidden, dtype=torch.float32, device=g.device).index_add_(0, token_of, g[rows])
+            dx = dx.to(ctx.x_dtype)
+        dscale = None
+        if grad_scale is not None and ctx.scale_like is not None:
+            dscale = torch.zeros(tokens, dtype=torch.float32, device=grad_scale.device)
+            dscale = dscale.index_add_(0, token_of, grad_scale.float()[rows]).to(ctx.scale_like[1])
+        return None, None, dx, dscale
+
+
+def _init_routing_autograd_kernel(op):
+    def kernel(*args, **kwargs):
+        call = _bind(op, args, kwargs)
+        x, scale = call.pop("x"), call.pop("scale")
+        wants_grad = torch.is_grad_enabled() and (x.requires_grad or (scale is not None and scale.requires_grad))
+        if not wants_grad or call["quant_mode"] != -1:  # int8 results have no gradient
+            with torch._C._AutoDispatchBelowAutograd():
+                return op(x, scale=scale, **call)
+        return _InitRouting.apply(op, call, x, scale)
+    return kernel
 
 
 # npu_grouped_matmul: torch.library.register_autograd takes no kwarg-only tensors (Ascend's bias,
@@ -177,6 +233,7 @@ def _gmm_autograd_kernel(op):
 
 
 _lib = torch.library.Library("npu", "IMPL")
+_lib.impl("npu_moe_init_routing_v2", _init_routing_autograd_kernel(_ops.npu_moe_init_routing_v2.default), "Autograd")
 _lib.impl("npu_grouped_matmul", _gmm_autograd_kernel(_ops.npu_grouped_matmul.default), "Autograd")
 _lib.impl("npu_grouped_matmul.List", _gmm_autograd_kernel(_ops.npu_grouped_matmul.List), "Autograd")
 
