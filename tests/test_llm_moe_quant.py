@@ -74,6 +74,14 @@ def test_gating_gradient_is_the_softmax_topk_gradient(dtype):
     torch.testing.assert_close(xn.grad.float().cpu(), xr.grad, **tol(dtype))
 
 
+def test_gating_with_masked_experts_and_ties():
+    x = torch.tensor([[0.5, float("-inf"), 0.5, -1.0], [float("-inf"), float("-inf"), 2.0, float("-inf")]])
+    y, idx, _ = torch_npu.npu_moe_gating_top_k_softmax(x.npu(), k=3)
+    torch.testing.assert_close(y.cpu(), torch.softmax(x, -1).sort(-1, descending=True).values[:, :3])
+    assert idx.cpu().tolist()[0] == [0, 2, 3]  # equal probabilities: the lower expert first
+    assert y.cpu()[1, 1:].eq(0).all()          # a masked expert has probability exactly 0
+
+
 def test_gating_checks():
     x = torch.randn(4, 8).npu()
     with pytest.raises(RuntimeError, match=r"npu::npu_moe_gating_top_k_softmax \(npu:0\): k must be in \[1, "):

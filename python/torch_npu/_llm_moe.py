@@ -30,20 +30,14 @@ _ops = torch.ops.npu
 # ---- derivatives ------------------------------------------------------------------------
 
 def _gating_setup(ctx, inputs, output):
-    x, finished, k = inputs
-    ctx.save_for_backward(x, output[1], finished)
+    x, _finished, k = inputs
+    ctx.save_for_backward(x)
     ctx.k = k
 
 
 def _gating_backward(ctx, grad_y, _grad_idx, _grad_row_idx):
-    x, expert_idx, finished = ctx.saved_tensors
-    probs = torch.softmax(x.float(), dim=-1)
-    idx = expert_idx.long()
-    if finished is not None:  # finished rows report expert `experts`; their y came from the real top-k
-        idx = torch.where(finished.unsqueeze(-1), probs.topk(ctx.k, dim=-1).indices, idx)
-    grad_probs = torch.zeros_like(probs).scatter_(-1, idx, grad_y.float())
-    grad_x = probs * (grad_probs - (grad_probs * probs).sum(-1, keepdim=True))
-    return grad_x.to(x.dtype), None, None
+    (x,) = ctx.saved_tensors  # the kernel recomputes the top-k (finished rows too: their y is real)
+    return _ops._npu_moe_gating_top_k_softmax_backward(grad_y.contiguous(), x, ctx.k), None, None
 
 
 torch.library.register_autograd("npu::npu_moe_gating_top_k_softmax", _gating_backward, setup_context=_gating_setup)

@@ -131,6 +131,98 @@ std::vector<float> scaleValues(const Tensor& t) {
 // round half to even (the conversion of the chip and of numpy's round), saturated to [lo, hi].
 inline float roundClamp(float v, float lo, float hi) { return std::min(hi, std::max(lo, std::nearbyint(v))); }
 
+// ---- vector loops ------------------------------------------------------------------------
+// Row loops in float, built for AVX-512, AVX2 and the baseline and chosen at load time;
+// `omp simd` vectorises them without fast-math.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define LLM_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define LLM_VECTOR_CLONES
+#endif
+
+LLM_VECTOR_CLONES float absMax(const float* v, int64_t n) {
+  float m = 0;
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, std::abs(v[j]));
+  return m;
+}
+
+// out = saturate(round_half_even(v / s)) for int8: clamped first, then rounded by adding and
+// taking away 1.5 * 2^23 (exact below 2^22, and vectorisable where nearbyint is a call).
+LLM_VECTOR_CLONES void quantizeRow(const float* v, float s, int8_t* out, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    float q = v[j] / s;
+    q = q < -128.0f ? -128.0f : (q > 127.0f ? 127.0f : q);
+    out[j] = static_cast<int8_t>(static_cast<int32_t>((q + 12582912.0f) - 12582912.0f));
+  }
+}
+
+LLM_VECTOR_CLONES void scaleByRow(float* v, const float* scale, float factor, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) v[j] *= scale[j] * factor;
+}
+
+LLM_VECTOR_CLONES void addRow(float* v, const float* add, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) v[j] += add[j];
+}
+
+LLM_VECTOR_CLONES void axpyRow(float* acc, float w, const float* x, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) acc[j] += w * x[j];
+}
+
+template <class T>
+void toFloatRow(const T* x, float* out, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) out[j] = static_cast<float>(x[j]);
+}
+
+template <class T>
+void fromFloatRow(const float* v, T* out, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) out[j] = static_cast<T>(v[j]);
+}
+
+// float -> bfloat16 rounding to nearest even (NaN stays NaN), in bit operations that
+// vectorise (c10::BFloat16's constructor branches).
+LLM_VECTOR_CLONES void fromFloatRow(const float* v, c10::BFloat16* out, int64_t n) {
+  auto* bits = reinterpret_cast<uint16_t*>(out);
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    const uint32_t u = __builtin_bit_cast(uint32_t, v[j]);
+    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    bits[j] = static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
+  }
+}
+
+// exp(x) for x <= 0 (softmax's x - max), in a form loops vectorise: x = i ln2 + r with
+// |r| <= ln2 / 2, exp(r) by its degree-6 Taylor polynomial (relative error ~2e-7), 2^i by bits.
+inline __attribute__((always_inline)) float expNonPositive(float x) {
+  const bool underflows = x < -87.0f;  // below FLT_MIN: 0 (masked logits of -inf give exactly 0)
+  x = underflows ? -87.0f : x;         // (and 2^i stays a normal float)
+  const float i = (x * 1.4426950408889634f + 12582912.0f) - 12582912.0f;  // round(x / ln2)
+  const float r = (x - i * 0.693145751953125f) - i * 1.428606765330187e-06f;  // ln2 in two parts
+  float p = 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(i) + 127) << 23;
+  return underflows ? 0.0f : p * __builtin_bit_cast(float, bits);
+}
+
+// p[j] = exp(x[j] - top); returns their sum.
+LLM_VECTOR_CLONES float expShifted(const float* x, float top, float* p, int64_t n) {
+  float sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) sum += (p[j] = expNonPositive(x[j] - top));
+  return sum;
+}
+
 // ---- exact integer matmul ------------------------------------------------------------
 
 // The int4 values of an int32-packed tensor: element j of each int32 is bits 4j..4j+3
@@ -155,22 +247,23 @@ Tensor unpackInt4(const Tensor& packed) {
 }
 
 // a @ b for int8 (or unpacked int4) operands, broadcast over leading dimensions
-// like torch.matmul: int32, exact. `bound` is the largest |value| of an operand.
+// like torch.matmul, exact: float32 holding integers when one block of K suffices,
+// else int32. `bound` is the largest |value| of an operand.
 Tensor intMatmul(const Tensor& a, const Tensor& b, int64_t bound) {
   const int64_t k = a.size(-1);
   // partial sums stay integers below 2^24, where float32 is exact
   const int64_t block = std::max<int64_t>(1, (int64_t(1) << 24) / (bound * bound));
-  if (k <= block) return at::matmul(a.to(at::kFloat), b.to(at::kFloat)).to(at::kInt);
+  if (k <= block) return at::matmul(a.to(at::kFloat), b.to(at::kFloat)).contiguous();
   Tensor acc;
   for (int64_t k0 = 0; k0 < k; k0 += block) {
     const int64_t len = std::min(block, k - k0);
     Tensor part = at::matmul(a.narrow(-1, k0, len).to(at::kFloat), b.narrow(-2, k0, len).to(at::kFloat)).to(at::kInt);
     acc = acc.defined() ? acc.add_(part) : part;
   }
-  return acc;
+  return acc.contiguous();
 }
 
-// The dequantization of int32 accumulators, one pass: rows of n, each
+// The dequantization of the integer accumulators (intMatmul's), one pass over rows of n:
 //   v = (acc + bias_int) * scale[j] * pertoken[row % m] + offset[j] + bias_float[j]
 // then rounded and saturated for int8, converted for float16/bfloat16, left for int32.
 struct Dequant {
@@ -182,40 +275,57 @@ struct Dequant {
   int64_t m = 1;                   // rows per batch (pertoken's and a 3-d bias's period)
 
   void run(const Tensor& acc, Tensor& out) const {
-    const int64_t n = acc.size(-1);
-    const int64_t rows = n == 0 ? 0 : acc.numel() / n;
-    const int32_t* ap = acc.const_data_ptr<int32_t>();
-    AT_DISPATCH_SWITCH(out.scalar_type(), "npu_dequant",
-        AT_DISPATCH_CASE(at::kChar, [&] { loop<scalar_t>(ap, out.mutable_data_ptr<scalar_t>(), rows, n); })
-        AT_DISPATCH_CASE(at::kHalf, [&] { loop<scalar_t>(ap, out.mutable_data_ptr<scalar_t>(), rows, n); })
-        AT_DISPATCH_CASE(at::kBFloat16, [&] { loop<scalar_t>(ap, out.mutable_data_ptr<scalar_t>(), rows, n); })
-        AT_DISPATCH_CASE(at::kFloat, [&] { loop<scalar_t>(ap, out.mutable_data_ptr<scalar_t>(), rows, n); })
-        AT_DISPATCH_CASE(at::kInt, [&] { loop<scalar_t>(ap, out.mutable_data_ptr<scalar_t>(), rows, n); }));
+    if (acc.scalar_type() == at::kFloat) dispatch(acc.const_data_ptr<float>(), acc, out);
+    else dispatch(acc.const_data_ptr<int32_t>(), acc, out);
   }
 
  private:
-  template <class out_t>
-  void loop(const int32_t* acc, out_t* out, int64_t rows, int64_t n) const {
-    const int64_t bias_rows = std::max<size_t>(bias_int.size(), bias_float.size()) / std::max<int64_t>(n, 1);
+  template <class acc_t>
+  void dispatch(const acc_t* ap, const Tensor& acc, Tensor& out) const {
+    const int64_t n = acc.size(-1);
+    const int64_t rows = n == 0 ? 0 : acc.numel() / n;
+    AT_DISPATCH_SWITCH(out.scalar_type(), "npu_dequant",
+        AT_DISPATCH_CASE(at::kChar, [&] { loop<acc_t, scalar_t>(ap, out.mutable_data_ptr<scalar_t>(), rows, n); })
+        AT_DISPATCH_CASE(at::kHalf, [&] { loop<acc_t, scalar_t>(ap, out.mutable_data_ptr<scalar_t>(), rows, n); })
+        AT_DISPATCH_CASE(at::kBFloat16, [&] { loop<acc_t, scalar_t>(ap, out.mutable_data_ptr<scalar_t>(), rows, n); })
+        AT_DISPATCH_CASE(at::kFloat, [&] { loop<acc_t, scalar_t>(ap, out.mutable_data_ptr<scalar_t>(), rows, n); })
+        AT_DISPATCH_CASE(at::kInt, [&] { loop<acc_t, scalar_t>(ap, out.mutable_data_ptr<scalar_t>(), rows, n); }));
+  }
+
+  template <class acc_t, class out_t>
+  void loop(const acc_t* acc, out_t* out, int64_t rows, int64_t n) const {
+    const int64_t bias_rows = std::max(bias_int.size(), bias_float.size()) / std::max<int64_t>(n, 1);
+    const std::vector<float> ones(scale.size() == 1 ? n : 0, scale.empty() ? 1.0f : scale[0]);
+    const float* scale_row = scale.size() == 1 ? ones.data() : scale.data();
+    const std::vector<float> offsets(offset.size() == 1 ? n : 0, offset.empty() ? 0.0f : offset[0]);
+    const float* offset_row = offset.size() == 1 ? offsets.data() : offset.data();
     at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> v(n);
       for (int64_t r = begin; r < end; ++r) {
         const int64_t bias_base = bias_rows > 1 ? (r / m) % bias_rows * n : 0;
-        const float pt = pertoken.empty() ? 1.0f : pertoken[r % m];
-        for (int64_t j = 0; j < n; ++j) {
-          int32_t a = acc[r * n + j];
-          if (!bias_int.empty()) a += bias_int[bias_base + j];
-          if constexpr (std::is_same_v<out_t, int32_t>) {
-            out[r * n + j] = a;
+        const acc_t* a = acc + r * n;
+        out_t* o = out + r * n;
+        if constexpr (std::is_same_v<out_t, int32_t>) {
+          // int32 arithmetic (wrapping like the chip's accumulators); float accumulators hold integers
+          for (int64_t j = 0; j < n; ++j)
+            o[j] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<int32_t>(a[j])) +
+                                        static_cast<uint32_t>(bias_int.empty() ? 0 : bias_int[bias_base + j]));
+          continue;
+        } else {
+          if (!bias_int.empty()) {
+            const int32_t* b = bias_int.data() + bias_base;
+#pragma omp simd
+            for (int64_t j = 0; j < n; ++j) v[j] = static_cast<float>(static_cast<int32_t>(a[j]) + b[j]);
+          } else if constexpr (std::is_same_v<acc_t, float>) {
+            std::copy(a, a + n, v.data());
           } else {
-            float v = static_cast<float>(a) * scale[scale.size() == 1 ? 0 : j] * pt;
-            if (!offset.empty()) v += offset[offset.size() == 1 ? 0 : j];
-            if (!bias_float.empty()) v += bias_float[bias_base + j];
-            if constexpr (std::is_same_v<out_t, int8_t>) {
-              out[r * n + j] = static_cast<int8_t>(roundClamp(v, -128.0f, 127.0f));
-            } else {
-              out[r * n + j] = static_cast<out_t>(v);
-            }
+            toFloatRow(a, v.data(), n);
           }
+          scaleByRow(v.data(), scale_row, pertoken.empty() ? 1.0f : pertoken[r % m], n);
+          if (!offset.empty()) addRow(v.data(), offset_row, n);
+          if (!bias_float.empty()) addRow(v.data(), bias_float.data() + bias_base, n);
+          if constexpr (std::is_same_v<out_t, int8_t>) quantizeRow(v.data(), 1.0f, o, n);
+          else fromFloatRow(v.data(), o, n);
         }
       }
     });
@@ -257,6 +367,41 @@ std::vector<int64_t> withLast(at::IntArrayRef sizes, int64_t last) {
   return shape;
 }
 
+// The k largest of a row, largest first (ties: the lower index first). Softmax keeps the
+// order, so the top-k of the logits are the top-k of the probabilities.
+void topKRow(const float* x, int64_t n, int64_t k, float* values, int32_t* index, std::vector<int32_t>& order) {
+  if (k <= 16) {  // insertion into the k kept so far
+    int64_t count = 0;
+    for (int64_t e = 0; e < n; ++e) {
+      const float v = x[e];
+      if (count == k && !(v > values[k - 1])) continue;
+      int64_t pos = count < k ? count++ : k - 1;
+      for (; pos > 0 && v > values[pos - 1]; --pos) {
+        values[pos] = values[pos - 1];
+        index[pos] = index[pos - 1];
+      }
+      values[pos] = v;
+      index[pos] = static_cast<int32_t>(e);
+    }
+    return;
+  }
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                    [&](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
+  for (int64_t j = 0; j < k; ++j) {
+    index[j] = order[j];
+    values[j] = x[order[j]];
+  }
+}
+
+// One row of the gating: logits in `x` (float) -> the probabilities of all experts in `p`, the
+// top-k experts in `index`; returns 1 / sum(exp).
+float gatingRow(const float* x, int64_t n, int64_t k, float* p, float* values, int32_t* index,
+                std::vector<int32_t>& order) {
+  topKRow(x, n, k, values, index, order);
+  return 1.0f / expShifted(x, values[0], p, n);
+}
+
 // -> (y, expert_idx, row_idx): the k largest softmax probabilities of each row (ties: the lower
 // expert first), their experts (int32; `experts` for a finished row), and row_idx[r][j] = j * rows + r.
 std::tuple<Tensor, Tensor, Tensor> gatingTopKSoftmax(const Tensor& x, const OptTensor& finished_opt, int64_t k) {
@@ -279,23 +424,15 @@ std::tuple<Tensor, Tensor, Tensor> gatingTopKSoftmax(const Tensor& x, const OptT
       const scalar_t* xp = xs.const_data_ptr<scalar_t>();
       scalar_t* yp = y.mutable_data_ptr<scalar_t>();
       at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
-        std::vector<float> p(experts);
-        std::vector<int32_t> order(experts);
+        std::vector<float> row(experts), p(experts), values(k);
+        std::vector<int32_t> order(experts), top(k);
         for (int64_t r = begin; r < end; ++r) {
-          const scalar_t* xr = xp + r * experts;
-          float top = -std::numeric_limits<float>::infinity();
-          for (int64_t e = 0; e < experts; ++e) top = std::max(top, static_cast<float>(xr[e]));
-          float sum = 0;
-          for (int64_t e = 0; e < experts; ++e) sum += (p[e] = std::exp(static_cast<float>(xr[e]) - top));
-          for (int64_t e = 0; e < experts; ++e) p[e] /= sum;
-          std::iota(order.begin(), order.end(), 0);
-          std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-            return p[a] > p[b] || (p[a] == p[b] && a < b);
-          });
+          toFloatRow(xp + r * experts, row.data(), experts);
+          const float inv = gatingRow(row.data(), experts, k, p.data(), values.data(), top.data(), order);
           const bool done = fp != nullptr && fp[r];
           for (int64_t j = 0; j < k; ++j) {
-            yp[r * k + j] = static_cast<scalar_t>(p[order[j]]);
-            ip[r * k + j] = done ? static_cast<int32_t>(experts) : order[j];
+            yp[r * k + j] = static_cast<scalar_t>(p[top[j]] * inv);
+            ip[r * k + j] = done ? static_cast<int32_t>(experts) : top[j];
             rp[r * k + j] = static_cast<int32_t>(j * rows + r);
           }
         }
@@ -303,6 +440,52 @@ std::tuple<Tensor, Tensor, Tensor> gatingTopKSoftmax(const Tensor& x, const OptT
     });
     return std::make_tuple(output(y), output(idx), output(row_idx));
   });
+}
+
+void checkGatingBackward(const char* op, const Tensor& grad, const Tensor& x, int64_t k) {
+  checkGating(op, x, Tensor(), k);
+  LLM_CHECK(grad.sizes() == c10::IntArrayRef(withLast(x.sizes(), k)) && grad.scalar_type() == x.scalar_type(), op,
+            x.device(), "grad_y must be x's shape with k last and x's dtype, got ", grad.sizes(), " ",
+            dtypeName(grad.scalar_type()));
+}
+
+// The gradient of y (the top-k softmax probabilities) to x: with the same top-k recomputed,
+// dx = p * (g - <g, p_topk>) where g is grad_y at the top-k experts and 0 elsewhere.
+Tensor gatingTopKSoftmaxBackward(const Tensor& grad, const Tensor& x, int64_t k) {
+  constexpr const char* op = "_npu_moe_gating_top_k_softmax_backward";
+  checkGatingBackward(op, grad, x, k);
+  return onHost(op, {grad, x}, [&](auto input, auto output) {
+    const Tensor xs = input(x);
+    const Tensor gs = input(grad);
+    const int64_t experts = xs.size(-1);
+    const int64_t rows = xs.numel() / experts;
+    Tensor dx = at::empty(xs.sizes(), xs.options());
+    NPU_DISPATCH_FLOATING_TYPES(xs.scalar_type(), op, [&] {
+      const scalar_t* xp = xs.const_data_ptr<scalar_t>();
+      const scalar_t* gp = gs.const_data_ptr<scalar_t>();
+      scalar_t* dp = dx.mutable_data_ptr<scalar_t>();
+      at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+        std::vector<float> row(experts), p(experts), values(k);
+        std::vector<int32_t> order(experts), top(k);
+        for (int64_t r = begin; r < end; ++r) {
+          toFloatRow(xp + r * experts, row.data(), experts);
+          const float inv = gatingRow(row.data(), experts, k, p.data(), values.data(), top.data(), order);
+          float dot = 0;
+          for (int64_t j = 0; j < k; ++j) dot += static_cast<float>(gp[r * k + j]) * p[top[j]] * inv;
+          for (int64_t e = 0; e < experts; ++e) row[e] = -dot;  // row becomes g - dot
+          for (int64_t j = 0; j < k; ++j) row[top[j]] += static_cast<float>(gp[r * k + j]);
+          scaleByRow(row.data(), p.data(), inv, experts);
+          fromFloatRow(row.data(), dp + r * experts, experts);
+        }
+      });
+    });
+    return output(dx);
+  });
+}
+
+Tensor gatingTopKSoftmaxBackwardMeta(const Tensor& grad, const Tensor& x, int64_t k) {
+  checkGatingBackward("_npu_moe_gating_top_k_softmax_backward", grad, x, k);
+  return at::empty(x.sizes(), x.options());
 }
 
 std::tuple<Tensor, Tensor, Tensor> gatingTopKSoftmaxMeta(const Tensor& x, const OptTensor& finished, int64_t k) {
@@ -1170,15 +1353,20 @@ Tensor tokenUnpermute(const Tensor& permuted, const Tensor& sorted_indices, cons
       const scalar_t* pp = p.defined() ? p.const_data_ptr<scalar_t>() : nullptr;
       scalar_t* outp = out.mutable_data_ptr<scalar_t>();
       at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
-        std::vector<float> acc(h);
+        std::vector<float> acc(h), row(h);
         for (int64_t i = begin; i < end; ++i) {
           std::fill(acc.begin(), acc.end(), 0.0f);
           for (int64_t j = 0; j < topk; ++j) {
-            const scalar_t* row = tp + static_cast<int64_t>(sp[i * topk + j]) * h;
+            const scalar_t* src = tp + static_cast<int64_t>(sp[i * topk + j]) * h;
             const float w = pp ? static_cast<float>(pp[i * topk + j]) : 1.0f;
-            for (int64_t c = 0; c < h; ++c) acc[c] += w * static_cast<float>(row[c]);
+            if (std::is_same_v<scalar_t, float>) {  // (the cast only runs for float)
+              axpyRow(acc.data(), w, reinterpret_cast<const float*>(src), h);
+            } else {
+              toFloatRow(src, row.data(), h);
+              axpyRow(acc.data(), w, row.data(), h);
+            }
           }
-          for (int64_t c = 0; c < h; ++c) outp[i * h + c] = static_cast<scalar_t>(acc[c]);
+          fromFloatRow(acc.data(), outp + i * h, h);
         }
       });
     });
@@ -1361,39 +1549,45 @@ std::tuple<Tensor, Tensor> dynamicQuant(const Tensor& x, const OptTensor& smooth
       LLM_CHECK(previous == rows, op, x.device(), "group_index's last entry (", previous,
                 ") must be the rows of x (", rows, ")");
     }
+    // the smooth rows in float, once
+    const std::vector<float> smooth_f = floatValues(sm);
     NPU_DISPATCH_FLOATING_TYPES(xs.scalar_type(), op, [&] {
       const scalar_t* xp = xs.const_data_ptr<scalar_t>();
-      const scalar_t* sp = sm.defined() ? sm.const_data_ptr<scalar_t>() : nullptr;
       float* scp = scale.mutable_data_ptr<float>();
-      auto value = [&](int64_t r, int64_t j) {
-        const float v = static_cast<float>(xp[r * h + j]);
-        if (sp == nullptr) return v;
-        return v * static_cast<float>(sp[(smooth_row.empty() ? 0 : smooth_row[r]) * h + j]);
+      // row r of x * smooth, in float
+      auto load = [&](int64_t r, float* row) {
+        toFloatRow(xp + r * h, row, h);
+        if (!smooth_f.empty()) scaleByRow(row, smooth_f.data() + (smooth_row.empty() ? 0 : smooth_row[r]) * h, 1.0f, h);
       };
       float tensor_max = 0;
       if (q.per_tensor) {
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t j = 0; j < h; ++j) tensor_max = std::max(tensor_max, std::abs(value(r, j)));
+        std::vector<float> row(h);
+        for (int64_t r = 0; r < rows; ++r) {
+          load(r, row.data());
+          tensor_max = std::max(tensor_max, absMax(row.data(), h));
+        }
         scp[0] = tensor_max / qmax;
       }
       at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
         std::vector<float> row(h);
         for (int64_t r = begin; r < end; ++r) {
-          float amax = 0;
-          for (int64_t j = 0; j < h; ++j) amax = std::max(amax, std::abs(row[j] = value(r, j)));
-          const float s = q.per_tensor ? tensor_max / qmax : amax / qmax;
+          load(r, row.data());
+          const float s = (q.per_tensor ? tensor_max : absMax(row.data(), h)) / qmax;
           if (!q.per_tensor) scp[r] = s;
-          auto level = [&](int64_t j) { return s == 0 ? 0.0f : roundClamp(row[j] / s, qmin, qmax); };
           if (q.dst == at::kChar) {
             int8_t* yr = y.mutable_data_ptr<int8_t>() + r * h;
-            for (int64_t j = 0; j < h; ++j) yr[j] = static_cast<int8_t>(level(j));
-          } else {
-            int32_t* yr = y.mutable_data_ptr<int32_t>() + r * (h / 8);
-            for (int64_t w = 0; w < h / 8; ++w) {
-              uint32_t word = 0;
-              for (int j = 0; j < 8; ++j) word |= (static_cast<uint32_t>(static_cast<int32_t>(level(w * 8 + j))) & 0xFu) << (4 * j);
-              yr[w] = static_cast<int32_t>(word);
+            if (s == 0) std::fill(yr, yr + h, int8_t(0));
+            else quantizeRow(row.data(), s, yr, h);
+            continue;
+          }
+          int32_t* yr = y.mutable_data_ptr<int32_t>() + r * (h / 8);
+          for (int64_t w = 0; w < h / 8; ++w) {
+            uint32_t word = 0;
+            for (int j = 0; j < 8; ++j) {
+              const float level = s == 0 ? 0.0f : roundClamp(row[w * 8 + j] / s, qmin, qmax);
+              word |= (static_cast<uint32_t>(static_cast<int32_t>(level)) & 0xFu) << (4 * j);
             }
+            yr[w] = static_cast<int32_t>(word);
           }
         }
       });
@@ -1591,6 +1785,8 @@ Tensor convertWeightToInt4PackMeta(const Tensor& weight, int64_t inner_k_tiles) 
 
 TORCH_LIBRARY_FRAGMENT(npu, m) {
   m.def("npu_moe_gating_top_k_softmax(Tensor x, Tensor? finished=None, int k=1) -> (Tensor, Tensor, Tensor)");
+  // its gradient (Ascend registers none; training code that routes with it needs one)
+  m.def("_npu_moe_gating_top_k_softmax_backward(Tensor grad_y, Tensor x, int k) -> Tensor");
   m.def("npu_moe_init_routing_v2(Tensor x, Tensor expert_idx, *, Tensor? scale=None, Tensor? offset=None, "
         "int active_num=-1, int expert_capacity=-1, int expert_num=-1, int drop_pad_mode=0, "
         "int expert_tokens_num_type=0, bool expert_tokens_num_flag=False, int quant_mode=-1, "
@@ -1623,6 +1819,7 @@ TORCH_LIBRARY_FRAGMENT(npu, m) {
 #define NPU_LLM_KERNELS(KEY)                                                             \
   TORCH_LIBRARY_IMPL(npu, KEY, m) {                                                      \
     m.impl("npu_moe_gating_top_k_softmax", TORCH_FN(gatingTopKSoftmax));                 \
+    m.impl("_npu_moe_gating_top_k_softmax_backward", TORCH_FN(gatingTopKSoftmaxBackward)); \
     m.impl("npu_moe_init_routing_v2", TORCH_FN(initRoutingV2));                          \
     m.impl("npu_grouped_matmul", TORCH_FN(groupedMatmulEntry<false>));                   \
     m.impl("npu_grouped_matmul.List", TORCH_FN(groupedMatmulListEntry<false>));          \
@@ -1638,6 +1835,7 @@ NPU_LLM_KERNELS(CPU)
 
 TORCH_LIBRARY_IMPL(npu, Meta, m) {
   m.impl("npu_moe_gating_top_k_softmax", TORCH_FN(gatingTopKSoftmaxMeta));
+  m.impl("_npu_moe_gating_top_k_softmax_backward", TORCH_FN(gatingTopKSoftmaxBackwardMeta));
   m.impl("npu_moe_init_routing_v2", TORCH_FN(initRoutingV2Meta));
   m.impl("npu_grouped_matmul", TORCH_FN(groupedMatmulEntry<true>));
   m.impl("npu_grouped_matmul.List", TORCH_FN(groupedMatmulListEntry<true>));
