@@ -2,6 +2,7 @@
 against their reference compositions: float32, float16, bfloat16 (int8 for the quantized ones),
 npu and cpu tensors, gradients, torch.compile, the errors; end to end, a MoE layer trained
 beside the dense expert loop and a W8A8 linear layer (examples/moe_w8a8.py)."""
+import json
 import os
 import sys
 
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_npu
+from helpers import last_line, run_python
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 import moe_w8a8  # noqa: E402
@@ -692,6 +694,41 @@ def test_opcheck_fake_tensors():
     for op, args, kwargs in cases:
         result = torch.library.opcheck(op, args, kwargs, test_utils=("test_schema", "test_faketensor"))
         assert set(result.values()) == {"SUCCESS"}, (op, result)
+
+
+PROJECTION_RUN = r"""
+import json, torch, torch_npu
+from torch_npu.profiler import ProfilerActivity, profile
+from torch_npu.profiler._analyse import projections
+x8 = torch.randint(-128, 128, (512, 1024), dtype=torch.int8).npu()
+w8 = torch.randint(-128, 128, (1024, 1024), dtype=torch.int8).npu()
+xf, w = torch.randn(512, 1024).half().npu(), torch.randn(4, 1024, 512).half().npu()
+group_list = torch.tensor([128, 256, 384, 512]).npu()
+torch.npu.synchronize()
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.NPU]) as prof:
+    torch_npu.npu_quant_matmul(x8, w8, torch.rand(1024).npu(), output_dtype=torch.float16)
+    torch_npu.npu_grouped_matmul([xf], [w], group_list=group_list, group_type=0, split_item=3)
+    torch_npu.npu_dynamic_quant(xf)
+    torch.npu.synchronize()
+print(json.dumps({"cost": torch_npu._profiles.active().cost,
+                  "projected": {p.name: p.projected_ns for p in projections(prof)}}))
+"""
+
+
+def test_projected_times_under_a_chip_profile():
+    """Under a chip profile the profiler projects the matmuls onto the cube unit (int8 at its
+    fastest rate), the others as memory traffic."""
+    out = json.loads(last_line(run_python(PROJECTION_RUN, env={"NPU_EMU_PROFILE": "ascend910b2"}, timeout=300)))
+    cost, projected = out["cost"], out["projected"]
+    launch_ns = cost["launch_us"] * 1e3
+    compute_ns = 2 * 512 * 1024 * 1024 / (cost["cube_fp16_tflops"] * 1e3)
+    memory_ns = (512 * 1024 + 1024 * 1024 + 1024 * 4) / cost["memory_gbps"]
+    assert compute_ns > memory_ns
+    assert abs(projected["npu_quant_matmul"] - (launch_ns + compute_ns)) <= 1
+    gmm_compute = 2 * 512 * 1024 * 512 / (cost["cube_fp16_tflops"] * 1e3)
+    gmm_memory = (512 * 1024 * 2 + 4 * 1024 * 512 * 2 + 4 * 8) / cost["memory_gbps"]
+    assert abs(projected["npu_grouped_matmul"] - (launch_ns + max(gmm_compute, gmm_memory))) <= 1
+    assert projected["npu_dynamic_quant"] > launch_ns
 
 
 # ---- end to end (examples/moe_w8a8.py) -----------------------------------------------------

@@ -43,6 +43,8 @@
 #include <vector>
 
 #include "../../core/device.h"
+#include "../../core/profile.h"
+#include "../../runtime/tracing.h"
 #include "../dtypes.h"
 #include "../host_execution.h"
 
@@ -85,9 +87,12 @@ at::ScalarType dtypeFromInt(const char* op, c10::Device device, int64_t value, c
 
 // Runs `compute` on host tensors: for npu inputs inside a HostExecution (so the
 // outputs it allocates are npu memory), for cpu inputs directly. `input` gives
-// a contiguous host tensor, `output` the result for the caller's device.
+// a contiguous host tensor, `output` the result for the caller's device. While
+// the profiler records, the kernel carries its projected time on the chip, from
+// `work` (the op's arguments as the profile's estimate reads them; else `tensors`).
 template <class Compute>
-auto onHost(const char* op, const std::vector<Tensor>& tensors, Compute compute) {
+auto onHost(const char* op, const std::vector<Tensor>& tensors, Compute compute,
+            const torch::jit::Stack* work = nullptr) {
   c10::Device device = at::kCPU;
   bool found = false;
   for (const Tensor& t : tensors) {
@@ -102,6 +107,12 @@ auto onHost(const char* op, const std::vector<Tensor>& tensors, Compute compute)
   if (device.type() != kNPU) {
     return compute([](const Tensor& t) { return t.defined() ? t.contiguous() : t; },
                    [](const Tensor& t) { return t; });
+  }
+  std::optional<runtime::tracing::Projection> projection;
+  if (C10_UNLIKELY(runtime::tracing::enabled())) {
+    const auto handle = c10::Dispatcher::singleton().findSchemaOrThrow((std::string("npu::") + op).c_str(), "");
+    const torch::jit::Stack stack = work != nullptr ? *work : torch::jit::Stack(tensors.begin(), tensors.end());
+    projection.emplace(profile::projectedKernelNs(handle, stack));
   }
   HostExecution exec(device, op);
   return compute([&](const Tensor& t) { return t.defined() ? exec.alias(t).contiguous() : t; },
@@ -1152,6 +1163,7 @@ std::vector<Tensor> groupedMatmulImpl(Gmm& g) {
   for (const auto* l : {&g.bias, &g.scale, &g.antiquant_scale, &g.antiquant_offset, &g.weight, &g.per_token_scale})
     all.insert(all.end(), l->begin(), l->end());
   all.push_back(g.group_tensor);
+  const torch::jit::Stack work{c10::IValue(g.x), c10::IValue(g.weight)};  // the profile's estimate: x @ weight
   return onHost(Gmm::op, all, [&](auto input, auto output) {
     std::vector<Tensor> xs;
     for (const Tensor& t : g.x) xs.push_back(input(t));
@@ -1208,7 +1220,7 @@ std::vector<Tensor> groupedMatmulImpl(Gmm& g) {
     std::vector<Tensor> results;
     for (const Tensor& o : outs) results.push_back(output(o));
     return results;
-  });
+  }, &work);
 }
 
 std::vector<Tensor> groupedMatmul(at::TensorList x, at::TensorList weight, const OptTensorList& bias,
