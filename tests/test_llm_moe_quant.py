@@ -76,6 +76,14 @@ def test_gating_gradient_is_the_softmax_topk_gradient(dtype):
     torch.testing.assert_close(xn.grad.float().cpu(), xr.grad, **tol(dtype))
 
 
+def test_gating_with_a_large_k():
+    x = distinct_logits(6, 64, torch.float32)
+    y, idx, _ = torch_npu.npu_moe_gating_top_k_softmax(x.npu(), k=20)  # past the insertion path's 16
+    ey, eidx, _ = gating_ref(x, 20)
+    torch.testing.assert_close(y.cpu(), ey)
+    assert torch.equal(idx.cpu(), eidx)
+
+
 def test_gating_with_masked_experts_and_ties():
     x = torch.tensor([[0.5, float("-inf"), 0.5, -1.0], [float("-inf"), float("-inf"), 2.0, float("-inf")]])
     y, idx, _ = torch_npu.npu_moe_gating_top_k_softmax(x.npu(), k=3)
@@ -199,6 +207,16 @@ def test_init_routing_v2_drop_pad():
     torch.testing.assert_close(expanded.cpu(), expected, rtol=0, atol=0)
     assert torch.equal(row_idx.cpu(), expected_rows)
     assert torch.equal(counts.cpu(), torch.bincount(flat, minlength=experts))  # counted before the drop
+    # the gradient reaches the tokens that kept a slot, not the dropped ones
+    xn = x.npu().requires_grad_()
+    expanded = torch_npu.npu_moe_init_routing_v2(xn, expert_idx.npu(), expert_capacity=capacity, expert_num=experts,
+                                                 drop_pad_mode=1)[0]
+    (expanded * torch.arange(1.0, 17.0).npu()).sum().backward()
+    expected_grad = torch.zeros(tokens, 16)
+    for pair, slot in enumerate(expected_rows.tolist()):
+        if slot >= 0:
+            expected_grad[pair // k] += torch.arange(1.0, 17.0)
+    torch.testing.assert_close(xn.grad.cpu(), expected_grad)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

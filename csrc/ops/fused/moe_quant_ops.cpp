@@ -1500,8 +1500,8 @@ QuantArgs checkDynamicQuant(const Tensor& x, const Tensor& smooth, const Tensor&
             "it 0");
   const int64_t h = x.size(-1);
   if (smooth.defined()) {
-    LLM_CHECK(smooth.scalar_type() == x.scalar_type(), op, dev, "smooth_scales must have x's dtype ",
-              dtypeName(x.scalar_type()), ", got ", dtypeName(smooth.scalar_type()));
+    LLM_CHECK(smooth.scalar_type() == at::kHalf || smooth.scalar_type() == at::kBFloat16, op, dev,
+              "smooth_scales must be float16 or bfloat16, got ", dtypeName(smooth.scalar_type()));
     if (group_index.defined()) {
       LLM_CHECK(smooth.dim() == 2 && smooth.size(1) == h, op, dev,
                 "with group_index smooth_scales must be [groups, ", h, "], got ", smooth.sizes());
