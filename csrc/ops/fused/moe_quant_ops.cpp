@@ -20,11 +20,9 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/mm.h>
-#include <ATen/ops/zeros.h>
 #include <c10/util/irange.h>
 #include <torch/library.h>
 
@@ -36,7 +34,6 @@
 #include <limits>
 #include <numeric>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -737,13 +734,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> initRoutingV2(
               const float* smooth = scales.empty() ? nullptr
                                     : scales.size() == static_cast<size_t>(h) ? scales.data()
                                     : scales.data() + (idp[pair] - a.start) * h;
-              float amax = 0;
-              for (int64_t j = 0; j < h; ++j) {
-                row[j] = smooth ? float(xr[j]) * smooth[j] : float(xr[j]);
-                amax = std::max(amax, std::abs(row[j]));
-              }
-              const float s = amax / 127.0f;
-              for (int64_t j = 0; j < h; ++j) orow[j] = s == 0 ? 0 : static_cast<int8_t>(roundClamp(row[j] / s, -128, 127));
+              toFloatRow(xr, row.data(), h);
+              if (smooth != nullptr) scaleByRow(row.data(), smooth, 1.0f, h);
+              const float s = absMax(row.data(), h) / 127.0f;
+              if (s == 0) std::fill(orow, orow + h, int8_t(0));
+              else quantizeRow(row.data(), s, orow, h);
               sp[r] = s;
             }
           });
@@ -784,10 +779,6 @@ struct Gmm {
   int64_t experts = 0;
 
   bool hasGroups() const { return group_tensor.defined() || group_ints.has_value(); }
-  int64_t groupCount() const {
-    if (group_ints.has_value()) return static_cast<int64_t>(group_ints->size());
-    return group_tensor.defined() ? group_tensor.size(0) : 0;
-  }
   Tensor weightOf(int64_t e) const { return single_weight ? weight[0].select(0, e) : weight[e]; }
   int64_t n() const { return single_weight ? weight[0].size(2) : weight[0].size(1); }
   bool singleOutput() const { return split_item == 2 || split_item == 3; }
@@ -843,8 +834,8 @@ struct Gmm {
       const auto bias_dtype = xt == at::kHalf ? at::kHalf : at::kFloat;
       for (const Tensor& b : bias)
         LLM_CHECK(b.scalar_type() == bias_dtype, op, device, "bias must be ", dtypeName(bias_dtype), " for ",
-                  dtypeName(xt), " x, got ", dtypeName(b.scalar_type()), "; cast it with .to(", dtypeName(bias_dtype),
-                  ")");
+                  dtypeName(xt), " x, got ", dtypeName(b.scalar_type()), "; cast it with .to(torch.",
+                  dtypeName(bias_dtype), ")");
       LLM_CHECK(scale.empty() && per_token_scale.empty() && antiquant_scale.empty() && antiquant_offset.empty(), op,
                 device, "scale, per_token_scale and antiquant scales are for int8 weights; float weights take none");
       LLM_CHECK(act_type == 0, op, device, "act_type is only supported with per-token int8 quantization on Ascend");
