@@ -484,6 +484,8 @@ def test_token_unpermute_checks():
         torch_npu.npu_moe_token_unpermute(permuted, idx.long())
     with pytest.raises(RuntimeError, match=r"sorted_indices\[3\] = 9 is not a row of permuted_tokens"):
         torch_npu.npu_moe_token_unpermute(permuted, torch.tensor([0, 1, 2, 9], dtype=torch.int32).npu())
+    with pytest.raises(RuntimeError, match=r"topk \(probs.size\(1\)\) must be in \[1, 512\], got 0"):
+        torch_npu.npu_moe_token_unpermute(permuted[:0], idx[:0], torch.rand(3, 0).npu())
     with pytest.raises(RuntimeError, match="probs must have permuted_tokens' dtype"):
         torch_npu.npu_moe_token_unpermute(permuted, idx, torch.rand(2, 2).half().npu())
 

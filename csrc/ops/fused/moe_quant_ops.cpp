@@ -1325,7 +1325,7 @@ int64_t checkUnpermute(const char* op, const Tensor& permuted, const Tensor& sor
     LLM_CHECK(probs.scalar_type() == permuted.scalar_type(), op, dev, "probs must have permuted_tokens' dtype ",
               dtypeName(permuted.scalar_type()), ", got ", dtypeName(probs.scalar_type()), "; cast with .to()");
     topk = probs.size(1);
-    LLM_CHECK(topk <= 512, op, dev, "topk (probs.size(1)) must be at most 512, got ", topk);
+    LLM_CHECK(topk >= 1 && topk <= 512, op, dev, "topk (probs.size(1)) must be in [1, 512], got ", topk);
   }
   return topk;
 }
