@@ -601,6 +601,26 @@ def test_quant_matmul_per_token_float_results(out_dtype):
                                atol=1e-2)
 
 
+def test_trans_quant_param_and_its_int64_scales():
+    scale, offset = torch.rand(16) * 1e-2, torch.randn(16) * 3
+    packed = torch_npu.npu_trans_quant_param(scale.npu(), offset.npu())
+    assert packed.dtype == torch.int64 and packed.shape == (16,)
+    bits = scale.view(torch.int32).long() & 0xFFFFE000
+    expected = bits | (1 << 46) | ((torch.round(offset).clamp(-256, 255).long() & 0x1FF) << 37)
+    assert torch.equal(packed.cpu(), expected)
+    # npu_quant_matmul reads the FP19 scale and, for int8 results, the embedded offset
+    x1, x2 = int8_pair(8, 32, 16)
+    y = torch_npu.npu_quant_matmul(x1.npu(), x2.npu(), packed)
+    cut = (bits & 0xFFFFFFFF).int().view(torch.float32).double()
+    exact = torch.round((x1.double() @ x2.double()) * cut + torch.round(offset).double()).clamp(-128, 127)
+    assert (y.cpu().double() - exact).abs().max() <= 1 and (y.cpu().double() == exact).float().mean() > 0.99
+    y = torch_npu.npu_quant_matmul(x1.npu(), x2.npu(), torch_npu.npu_trans_quant_param(scale.npu()),
+                                   output_dtype=torch.float16)
+    torch.testing.assert_close(y.double().cpu(), (x1.double() @ x2.double()) * cut, rtol=1e-3, atol=1e-2)
+    with pytest.raises(RuntimeError, match="round_mode 1 .* not supported"):
+        torch_npu.npu_trans_quant_param(scale.npu(), round_mode=1)
+
+
 def test_int4_pack_and_int4_matmul():
     torch.manual_seed(0)
     w = torch.randint(-8, 8, (32, 16), dtype=torch.int32)
@@ -667,6 +687,7 @@ def compile_cases():
         ("quant_matmul", lambda: torch_npu.npu_quant_matmul(xq, xq.t(), s.bfloat16(), pertoken_scale=s,
                                                             output_dtype=torch.bfloat16)),
         ("int4pack", lambda: torch_npu.npu_convert_weight_to_int4pack(wq)),
+        ("trans_quant_param", lambda: torch_npu.npu_trans_quant_param(s[:4], s[:4] * 100)),
     ]
 
 

@@ -63,6 +63,7 @@ from ._llm_moe import (  # noqa: E402
     npu_moe_init_routing_v2,
     npu_moe_token_unpermute,
     npu_quant_matmul,
+    npu_trans_quant_param,
 )
 from .fallback import (  # noqa: E402
     FallbackStats,

@@ -22,6 +22,7 @@ __all__ = [
     "npu_dynamic_quant",
     "npu_quant_matmul",
     "npu_convert_weight_to_int4pack",
+    "npu_trans_quant_param",
 ]
 
 _ops = torch.ops.npu
@@ -305,3 +306,9 @@ def npu_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=No
 def npu_convert_weight_to_int4pack(weight, inner_k_tiles=0):
     """int32 values in [-8, 7] to int4, eight to an int32 along the last dimension."""
     return _ops.npu_convert_weight_to_int4pack(weight, inner_k_tiles)
+
+
+def npu_trans_quant_param(scale, offset=None, round_mode=0):
+    """int64 quantization parameters for npu_quant_matmul: the float32 scale's bits cut to FP19
+    (bits 0-31, bit 46 set) and round(offset) in [-256, 255] at bits 37-45."""
+    return _ops.npu_trans_quant_param(scale, offset, round_mode)

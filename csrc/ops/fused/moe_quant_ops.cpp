@@ -123,7 +123,8 @@ std::vector<float> floatValues(const Tensor& t) {
   return std::vector<float>(f.const_data_ptr<float>(), f.const_data_ptr<float>() + f.numel());
 }
 
-// int64 scales (npu_trans_quant_param's form) keep the float32 scale's bits in their low 32 bits.
+// int64 scales (npu_trans_quant_param's form) keep the float32 scale's bits (cut to FP19) in
+// their low 32 bits and an int8 result's offset in bits 37..45 (9 bits, signed).
 std::vector<float> scaleValues(const Tensor& t) {
   if (!t.defined() || t.scalar_type() != at::kLong) return floatValues(t);
   const Tensor c = t.contiguous();
@@ -134,6 +135,20 @@ std::vector<float> scaleValues(const Tensor& t) {
     std::memcpy(&out[i], &bits, sizeof(float));
   }
   return out;
+}
+
+std::vector<float> embeddedOffsets(const Tensor& t) {
+  if (!t.defined() || t.scalar_type() != at::kLong) return {};
+  const Tensor c = t.contiguous();
+  std::vector<float> out(c.numel());
+  bool any = false;
+  const int64_t* p = c.const_data_ptr<int64_t>();
+  for (const auto i : c10::irange(c.numel())) {
+    const int64_t field = (static_cast<uint64_t>(p[i]) >> 37) & 0x1FF;
+    out[i] = static_cast<float>(field >= 256 ? field - 512 : field);
+    any |= field != 0;
+  }
+  return any ? out : std::vector<float>();
 }
 
 // round half to even (the conversion of the chip and of numpy's round), saturated to [lo, hi].
@@ -1721,7 +1736,8 @@ Tensor quantMatmul(const Tensor& x1, const Tensor& x2, const Tensor& scale, cons
     Dequant dq;
     fillBias(dq, input(bias));
     dq.scale = scaleValues(input(scale));
-    dq.offset = floatValues(input(offset));
+    dq.offset = offset.defined() ? floatValues(input(offset))
+                                 : a.out == at::kChar ? embeddedOffsets(input(scale)) : std::vector<float>();
     dq.pertoken = floatValues(input(pertoken));
     dq.m = x1.size(-2);
     Tensor out = at::empty(a.shape, acc.options().dtype(a.out));
@@ -1739,6 +1755,60 @@ Tensor quantMatmulMeta(const Tensor& x1, const Tensor& x2, const Tensor& scale, 
                                      x1_dtype || x2_dtype || pertoken_scale_dtype || scale_dtype, group_sizes,
                                      valueOr(y_scale));
   return at::empty(a.shape, x1.options().dtype(a.out));
+}
+
+// ---- npu_trans_quant_param ----------------------------------------------------------------
+
+std::vector<int64_t> checkTransQuantParam(const Tensor& scale, const Tensor& offset, std::optional<int64_t> mode) {
+  const int64_t round_mode = mode.value_or(0);
+  constexpr const char* op = "npu_trans_quant_param";
+  const auto dev = scale.device();
+  LLM_CHECK(scale.scalar_type() == at::kFloat && (scale.dim() == 1 || scale.dim() == 2) && scale.numel() > 0, op, dev,
+            "scale must be a non-empty 1-d or 2-d float32 tensor, got ", dtypeName(scale.scalar_type()), " ",
+            scale.sizes());
+  LLM_CHECK(round_mode == 0, op, dev, "round_mode ", round_mode, " (R_INT rounding to FP19) is not supported on this "
+            "npu; use 0 (the scale's bits cut to FP19)");
+  std::vector<int64_t> shape(scale.sizes().begin(), scale.sizes().end());
+  if (offset.defined()) {
+    LLM_CHECK(offset.scalar_type() == at::kFloat && offset.dim() == scale.dim() && offset.numel() > 0, op, dev,
+              "offset must be float32 with scale's number of dimensions, got ", dtypeName(offset.scalar_type()), " ",
+              offset.sizes());
+    const int64_t n = std::max(scale.size(-1), offset.size(-1));
+    LLM_CHECK((scale.size(-1) == n || scale.size(-1) == 1) && (offset.size(-1) == n || offset.size(-1) == 1) &&
+                  (scale.dim() == 1 || (scale.size(0) == 1 && offset.size(0) == 1)),
+              op, dev, "scale and offset must be (1,) or (n,), or (1, n), got ", scale.sizes(), " and ",
+              offset.sizes());
+    if (scale.dim() == 1) shape = {n};
+  }
+  return shape;
+}
+
+// int64 quantization parameters: the scale's float32 bits cut to FP19 (& 0xFFFFE000) in bits
+// 0..31, bit 46 set, and round(offset) in [-256, 255] as 9 bits at 37..45.
+Tensor transQuantParam(const Tensor& scale, const OptTensor& offset_opt, std::optional<int64_t> round_mode) {
+  constexpr const char* op = "npu_trans_quant_param";
+  const Tensor offset = valueOr(offset_opt);
+  const auto shape = checkTransQuantParam(scale, offset, round_mode);
+  return onHost(op, {scale, offset}, [&](auto input, auto output) {
+    const Tensor host_scale = input(scale);
+    const std::vector<float> s = floatValues(host_scale), o = floatValues(input(offset));
+    Tensor out = at::empty(shape, host_scale.options().dtype(at::kLong));
+    int64_t* p = out.mutable_data_ptr<int64_t>();
+    for (int64_t i = 0; i < out.numel(); ++i) {
+      const uint32_t bits = __builtin_bit_cast(uint32_t, s[s.size() == 1 ? 0 : i]);
+      uint64_t v = (static_cast<uint64_t>(bits) & 0xFFFFE000u) | (uint64_t(1) << 46);
+      if (!o.empty()) {
+        const float clamped = std::min(255.0f, std::max(-256.0f, std::nearbyint(o[o.size() == 1 ? 0 : i])));
+        v = (v & 0x4000FFFFFFFFull) | ((static_cast<uint64_t>(static_cast<int64_t>(clamped)) & 0x1FF) << 37);
+      }
+      p[i] = static_cast<int64_t>(v);
+    }
+    return output(out);
+  });
+}
+
+Tensor transQuantParamMeta(const Tensor& scale, const OptTensor& offset, std::optional<int64_t> round_mode) {
+  return at::empty(checkTransQuantParam(scale, valueOr(offset), round_mode), scale.options().dtype(at::kLong));
 }
 
 // ---- npu_convert_weight_to_int4pack -----------------------------------------------------
@@ -1817,6 +1887,7 @@ TORCH_LIBRARY_FRAGMENT(npu, m) {
         "int? pertoken_scale_dtype=None, int? scale_dtype=None, int[]? group_sizes=None, Tensor? y_scale=None) "
         "-> Tensor");
   m.def("npu_convert_weight_to_int4pack(Tensor weight, int inner_k_tiles=0) -> Tensor");
+  m.def("npu_trans_quant_param(Tensor scale, Tensor? offset=None, int? round_mode=0) -> Tensor");
 }
 
 #define NPU_LLM_KERNELS(KEY)                                                             \
@@ -1831,6 +1902,7 @@ TORCH_LIBRARY_FRAGMENT(npu, m) {
     m.impl("npu_dynamic_quant", TORCH_FN(dynamicQuant));                                 \
     m.impl("npu_quant_matmul", TORCH_FN(quantMatmul));                                   \
     m.impl("npu_convert_weight_to_int4pack", TORCH_FN(convertWeightToInt4Pack));         \
+    m.impl("npu_trans_quant_param", TORCH_FN(transQuantParam));                          \
   }
 NPU_LLM_KERNELS(PrivateUse1)
 NPU_LLM_KERNELS(CPU)
@@ -1847,6 +1919,7 @@ TORCH_LIBRARY_IMPL(npu, Meta, m) {
   m.impl("npu_dynamic_quant", TORCH_FN(dynamicQuantMeta));
   m.impl("npu_quant_matmul", TORCH_FN(quantMatmulMeta));
   m.impl("npu_convert_weight_to_int4pack", TORCH_FN(convertWeightToInt4PackMeta));
+  m.impl("npu_trans_quant_param", TORCH_FN(transQuantParamMeta));
 }
 
 }  // namespace npu::ops
