@@ -261,6 +261,30 @@ def test_init_routing_v2_gradient_is_the_gather_gradient(dtype, row_idx_type):
     torch.testing.assert_close(xn.grad.float().cpu(), xr.grad.float(), **tol(dtype))
 
 
+def test_init_routing_v2_gradient_compiles_and_reaches_scale():
+    torch.manual_seed(0)
+    x, scale = torch.randn(8, 16), torch.rand(8)
+    expert_idx = torch.randint(0, 4, (8, 2), dtype=torch.int32)
+
+    def routed(a, s, idx):
+        expanded, _, _, expanded_scale = torch_npu.npu_moe_init_routing_v2(
+            a, idx, scale=s, expert_num=4, active_num=12, row_idx_type=1)
+        return (expanded * expanded_scale.unsqueeze(-1)).sum()
+
+    grads = []
+    for fn in (routed, torch.compile(routed, backend="aot_eager", fullgraph=True)):
+        torch._dynamo.reset()
+        xn, sn = x.npu().requires_grad_(), scale.npu().requires_grad_()
+        fn(xn, sn, expert_idx.npu()).backward()
+        grads.append((xn.grad.cpu(), sn.grad.cpu()))
+    xr, sr = x.clone().requires_grad_(), scale.clone().requires_grad_()
+    order = torch.argsort(expert_idx.flatten().long(), stable=True)[:12] // 2
+    (xr[order] * sr[order].unsqueeze(-1)).sum().backward()
+    for gx, gs in grads:
+        torch.testing.assert_close(gx, xr.grad)
+        torch.testing.assert_close(gs, sr.grad)
+
+
 def test_init_routing_v2_checks():
     x, idx = torch.randn(4, 8).npu(), torch.zeros(4, 2, dtype=torch.int32).npu()
     with pytest.raises(RuntimeError, match=r"npu::npu_moe_init_routing_v2 \(npu:0\): expert_idx must be int32"):
@@ -331,6 +355,28 @@ def test_grouped_matmul_lists_with_bias(dtype):
     y = torch_npu.npu_grouped_matmul([t.npu() for t in xs2], [t.npu() for t in ws2], split_item=2, group_type=0)[0]
     torch.testing.assert_close(y.float().cpu(), torch.cat([a.float() @ b.float() for a, b in zip(xs2, ws2)]),
                                **tol(dtype))
+
+
+def test_grouped_matmul_with_bias_compiles_forward_and_backward():
+    torch.manual_seed(0)
+    x, w, b = torch.randn(10, 8), torch.randn(3, 8, 4), torch.randn(3, 4)
+    counts = torch.tensor([3, 0, 5]).npu()  # two rows in no group
+
+    def layer(a, wt, bias):
+        return torch_npu.npu_grouped_matmul([a], [wt], bias=[bias], group_list=counts, group_list_type=1,
+                                            group_type=0, split_item=3)[0].square().sum()
+
+    results = []
+    for fn in (layer, torch.compile(layer, backend="aot_eager", fullgraph=True)):
+        torch._dynamo.reset()
+        leaves = [t.npu().requires_grad_() for t in (x, w, b)]
+        fn(*leaves).backward()
+        results.append([t.grad.cpu() for t in leaves])
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    gmm_ref(leaves[0], leaves[1], [3, 0, 5], leaves[2]).square().sum().backward()
+    for grads in results:
+        for got, expected in zip(grads, leaves):
+            torch.testing.assert_close(got, expected.grad)
 
 
 def test_grouped_matmul_along_k():

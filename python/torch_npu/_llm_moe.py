@@ -93,25 +93,29 @@ class _InitRouting(torch.autograd.Function):
         call, (tokens, hidden) = ctx.call, ctx.x_shape
         k = expert_idx.shape[1]
         row_idx = row_idx.long()
+        # (token, row, kept) for each gathered row; shapes fixed by the arguments (compile traces it)
         if call["row_idx_type"] == 0:  # row_idx[pair] = its row (-1: dropped; past rows_out: not active)
-            pairs = torch.arange(tokens * k, device=row_idx.device)
-            keep = (row_idx >= 0) & (row_idx < ctx.rows_out)
-            rows, token_of = row_idx[keep], pairs[keep] // k
-        else:  # row_idx[row] = its pair, for the active rows
+            kept = (row_idx >= 0) & (row_idx < ctx.rows_out)
+            rows = torch.where(kept, row_idx, torch.zeros_like(row_idx))
+            token_of = torch.arange(tokens * k, device=row_idx.device) // k
+        else:  # row_idx[row] = its pair, for the first `active` rows
             start, end = call["active_expert_range"] or [0, call["expert_num"] if call["expert_num"] > 0 else 2**31]
-            routed = int(((expert_idx >= start) & (expert_idx < end)).sum())
-            active = routed if call["active_num"] <= 0 else min(call["active_num"], routed)
-            rows = torch.arange(active, device=row_idx.device)
-            token_of = row_idx[:active] // k
+            active = ((expert_idx >= start) & (expert_idx < end)).sum()
+            if call["active_num"] > 0:
+                active = active.clamp(max=call["active_num"])
+            rows = torch.arange(min(ctx.rows_out, tokens * k), device=row_idx.device)
+            kept = rows < active
+            token_of = row_idx[:rows.shape[0]] // k
         dx = None
         if grad_x is not None:
-            g = grad_x.reshape(-1, hidden).float()
-            dx = torch.zeros(tokens, hidden, dtype=torch.float32, device=g.device).index_add_(0, token_of, g[rows])
+            g = grad_x.reshape(-1, hidden).float()[rows] * kept.unsqueeze(-1)
+            dx = torch.zeros(tokens, hidden, dtype=torch.float32, device=g.device).index_add_(0, token_of, g)
             dx = dx.to(ctx.x_dtype)
         dscale = None
         if grad_scale is not None and ctx.scale_like is not None:
-            dscale = torch.zeros(tokens, dtype=torch.float32, device=grad_scale.device)
-            dscale = dscale.index_add_(0, token_of, grad_scale.float()[rows]).to(ctx.scale_like[1])
+            g = grad_scale.float()[rows] * kept
+            dscale = torch.zeros(tokens, dtype=torch.float32, device=g.device).index_add_(0, token_of, g)
+            dscale = dscale.to(ctx.scale_like[1])
         return None, None, dx, dscale
 
 
@@ -206,7 +210,7 @@ def _gmm_backward(ctx, grads):
     if ctx.split_item in (2, 3):
         grad_y = grads[0]
     else:  # one result per group (group_list as ints)
-        sizes = torch.diff(torch.tensor([0] + ctx.group_ints)).tolist()
+        sizes = [end - start for start, end in zip([0] + ctx.group_ints, ctx.group_ints)]
         grad_y = torch.cat([g if g is not None else x.new_zeros(size, weight_of(e).shape[-1])
                             for e, (g, size) in enumerate(zip(grads, sizes))])
         grad_y = torch.cat([grad_y, grad_y.new_zeros(x.shape[0] - grad_y.shape[0], grad_y.shape[1])])
@@ -217,13 +221,12 @@ def _gmm_backward(ctx, grads):
     grad_w = _ops.npu_grouped_matmul([x.t()], [grad_y], group_list=group_list, group_list_type=list_type,
                                      group_type=2, split_item=3)[0]
     grad_b = []
-    if ctx.n_bias:
-        counts = group_list if list_type == 1 else torch.diff(group_list, prepend=group_list.new_zeros(1))
-        rows = int(counts.sum())
-        owner = torch.repeat_interleave(torch.arange(experts, device=x.device), counts, output_size=rows)
-        sums = torch.zeros(experts, grad_y.shape[1], dtype=torch.float32, device=x.device)
-        sums.index_add_(0, owner, grad_y[:rows].float())
-        grad_b = [sums.to(ctx.bias_dtype)] if single_weight else list(sums.to(ctx.bias_dtype).unbind(0))
+    if ctx.n_bias:  # each row's group by its place among the cumulative counts (rows past them: none)
+        ends = group_list.cumsum(0) if list_type == 1 else group_list
+        owner = torch.searchsorted(ends, torch.arange(x.shape[0], device=x.device), right=True)
+        sums = torch.zeros(experts + 1, grad_y.shape[1], dtype=torch.float32, device=x.device)
+        sums = sums.index_add_(0, owner, grad_y.float())[:experts].to(ctx.bias_dtype)
+        grad_b = [sums] if single_weight else list(sums.unbind(0))
     return grad_x, ([grad_w] if single_weight else list(grad_w.unbind(0))), grad_b
 
 
