@@ -55,6 +55,16 @@ from ._fused import (  # noqa: E402
     npu_rotary_mul,
     npu_swiglu,
 )
+from ._llm_moe import (  # noqa: E402
+    npu_convert_weight_to_int4pack,
+    npu_dynamic_quant,
+    npu_grouped_matmul,
+    npu_moe_gating_top_k_softmax,
+    npu_moe_init_routing_v2,
+    npu_moe_token_unpermute,
+    npu_quant_matmul,
+    npu_trans_quant_param,
+)
 from .fallback import (  # noqa: E402
     FallbackStats,
     NPUFallbackMode,
