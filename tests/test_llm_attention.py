@@ -263,6 +263,57 @@ def test_fused_infer_decode_paged_and_chunked_prefill(dtype):
         torch.testing.assert_close(lse[b:b + 1].cpu().squeeze(-1), expected_lse, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_fused_infer_vllm_ascend_call_tnd_over_a_paged_cache_with_out_and_workspace(dtype):
+    """vllm-ascend's call: queries packed (TND, cumulative ends), keys in a paged cache
+    [blocks, block_size, H] with each request's own length, sparse_mode 3, the .out form."""
+    torch.manual_seed(2)
+    kv_lens, q_lens = [33, 7, 20], [1, 3, 4]           # a decode, two chunked prefills
+    q_ends = [1, 4, 8]
+    k, v = rand(3, KVN, 33, D, dtype=dtype), rand(3, KVN, 33, D, dtype=dtype)
+    kc, vc, table = paged(k, v, kv_lens, 16)
+    q = rand(8, N, D, dtype=dtype)
+    kwargs = dict(query=q.npu(), key=kc.npu(), value=vc.npu(), atten_mask=COMPRESSED.npu(), block_table=table.npu(),
+                  input_layout="TND", block_size=16, actual_seq_lengths=q_ends, actual_seq_lengths_kv=kv_lens,
+                  num_key_value_heads=KVN, num_heads=N, scale=0.2, sparse_mode=3)
+    out, _ = torch_npu.npu_fused_infer_attention_score(**kwargs)
+    workspace = torch_npu._npu_fused_infer_attention_score_get_max_workspace(**kwargs)
+    given_out = torch.empty(8, N, D, dtype=dtype, device="npu")
+    given_lse = torch.empty(1, dtype=dtype, device="npu")
+    torch_npu.npu_fused_infer_attention_score.out(workspace=workspace, out=[given_out, given_lse], **kwargs)
+    torch.testing.assert_close(given_out.cpu(), out.cpu())
+    start = 0
+    for b, (sq, skv) in enumerate(zip(q_lens, kv_lens)):
+        query = q[start:start + sq].transpose(0, 1).unsqueeze(0)
+        expected, _ = reference(query, k[b:b + 1, :, :skv], v[b:b + 1, :, :skv], 0.2, geometry(sq, skv, 3))
+        torch.testing.assert_close(out[start:start + sq].cpu().float(), expected[0].transpose(0, 1), **tol(dtype))
+        start += sq
+
+
+def test_fused_infer_v2_learnable_sink():
+    torch.manual_seed(3)
+    q, k, v = rand(7, N, D, dtype=torch.bfloat16), rand(7, KVN, D, dtype=torch.bfloat16), rand(7, KVN, D,
+                                                                                                 dtype=torch.bfloat16)
+    sink = rand(N, dtype=torch.bfloat16)
+    out, lse = torch_npu.npu_fused_infer_attention_score_v2(
+        q.npu(), k.npu(), v.npu(), learnable_sink=sink.npu(), actual_seq_qlen=[3, 7], actual_seq_kvlen=[3, 7],
+        num_query_heads=N, num_key_value_heads=KVN, softmax_scale=0.3, input_layout="TND",
+        atten_mask=COMPRESSED.npu(), sparse_mode=3, return_softmax_lse=True)
+    for q0, q1 in ((0, 3), (3, 7)):
+        bnsd = lambda t: t[q0:q1].transpose(0, 1).unsqueeze(0).float()  # noqa: E731
+        kr, vr = bnsd(k).repeat_interleave(2, 1), bnsd(v).repeat_interleave(2, 1)
+        scores = (bnsd(q) @ kr.transpose(-1, -2) * 0.3).masked_fill(~geometry(q1 - q0, q1 - q0, 3), float("-inf"))
+        scores = torch.cat([scores, sink.float().view(1, N, 1, 1).expand(1, N, q1 - q0, 1)], -1)  # the sink column
+        probs = scores.softmax(-1)[..., :-1]
+        torch.testing.assert_close(out[q0:q1].cpu().float(), (probs @ vr)[0].transpose(0, 1), rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(lse[q0:q1, :, 0].cpu(), scores.logsumexp(-1)[0].transpose(0, 1), rtol=1e-4,
+                                   atol=1e-4)
+    with pytest.raises(RuntimeError, match="learnable_sink must be bfloat16 .* layout TND"):
+        torch_npu.npu_fused_infer_attention_score_v2(q.npu(), k.npu(), v.npu(), learnable_sink=sink.half().npu(),
+                                                     actual_seq_qlen=[3, 7], actual_seq_kvlen=[3, 7],
+                                                     num_query_heads=N, num_key_value_heads=KVN, input_layout="TND")
+
+
 def test_fused_infer_tnd_lse_shape_and_cpu_tensors():
     q, k, v = rand(9, N, D), rand(9, KVN, D), rand(9, KVN, D)
     out, lse = torch_npu.npu_fused_infer_attention_score(

@@ -48,6 +48,8 @@ from . import profiler  # noqa: E402
 from . import utils  # noqa: E402  (torch_npu.utils: the Ascend adapter's pickle function, for msprobe)
 from ._attention import npu_fusion_attention  # noqa: E402
 from ._llm_attention import (  # noqa: E402
+    _npu_fused_infer_attention_score_get_max_workspace,
+    _npu_fused_infer_attention_score_v2_get_max_workspace,
     npu_fused_infer_attention_score,
     npu_fused_infer_attention_score_v2,
     npu_fusion_attention_grad,

@@ -21,7 +21,8 @@ Conventions shared by the attention operators:
   2048x2048 pattern as ``atten_mask``, as on Ascend.
 - Paged KV cache: ``block_table`` [B, max blocks] int32 and ``block_size``; key and
   value are then the cache blocks, [blocks, block_size, H] (or [blocks, kv heads,
-  block_size, D] with layout BNSD), and the key/value lengths are required.
+  block_size, D] with layout BNSD or TND), and the key/value lengths are required
+  (per sequence, also with TND, where the query lengths are cumulative: vllm-ascend's call).
 - A query row that sees no key (all masked, or past its actual length) is 0; its
   log-sum-exp is -inf.
 """
@@ -35,6 +36,8 @@ __all__ = [
     "npu_fusion_attention_grad",
     "npu_scatter_pa_kv_cache",
     "npu_gather_pa_kv_cache",
+    "_npu_fused_infer_attention_score_get_max_workspace",
+    "_npu_fused_infer_attention_score_v2_get_max_workspace",
 ]
 
 _ops = torch.ops.npu
@@ -73,8 +76,35 @@ def npu_fused_infer_attention_score(query, key, value, **kwargs):
 
 def npu_fused_infer_attention_score_v2(query, key, value, **kwargs):
     """``npu_fused_infer_attention_score`` with the v2 names: ``num_query_heads``,
-    ``softmax_scale``, ``actual_seq_qlen`` / ``actual_seq_kvlen``, ``return_softmax_lse``."""
+    ``softmax_scale``, ``actual_seq_qlen`` / ``actual_seq_kvlen``, ``return_softmax_lse``;
+    ``learnable_sink`` (bfloat16, one logit per query head, layout TND) joins every row's softmax."""
     return _ops.npu_fused_infer_attention_score_v2(query, key, value, **kwargs)
+
+
+def _out_form(overload):
+    """``<op>.out(..., workspace=None, out=[attention_out, softmax_lse])``, as the Ascend
+    adapter's binding takes it (vllm-ascend's graph mode): the results are written there."""
+    def call(*args, workspace=None, out=None, **kwargs):
+        if out is None or len(out) != 2:
+            raise TypeError(f"torch_npu.{overload._schema.name.split('::')[-1]}.out: pass out=[attention_out, "
+                            f"softmax_lse]")
+        return overload(*args, workspace=workspace, attention_out=out[0], softmax_lse=out[1], **kwargs)
+    return call
+
+
+npu_fused_infer_attention_score.out = _out_form(_ops.npu_fused_infer_attention_score.out)
+npu_fused_infer_attention_score_v2.out = _out_form(_ops.npu_fused_infer_attention_score_v2.out)
+
+
+def _npu_fused_infer_attention_score_get_max_workspace(query, key, value, **kwargs):
+    """The workspace ``npu_fused_infer_attention_score.out`` takes: empty (none is needed
+    here); the call checks the arguments as the operator would."""
+    return _ops._npu_fused_infer_attention_score_get_max_workspace(query, key, value, **kwargs)
+
+
+def _npu_fused_infer_attention_score_v2_get_max_workspace(query, key, value, **kwargs):
+    """The workspace of ``npu_fused_infer_attention_score_v2.out``: empty, as for v1."""
+    return _ops._npu_fused_infer_attention_score_v2_get_max_workspace(query, key, value, **kwargs)
 
 
 def npu_fusion_attention_grad(query, key, value, dy, head_num, input_layout, **kwargs):

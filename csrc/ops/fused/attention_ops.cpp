@@ -25,6 +25,7 @@
 #include <ATen/ops/full.h>
 #include <ATen/ops/isneginf.h>
 #include <ATen/ops/matmul.h>
+#include <ATen/ops/maximum.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
@@ -219,6 +220,7 @@ struct Request {
   at::Tensor blockTable;
   int64_t blockSize = 0;
   bool wantLse = false;
+  at::Tensor sink;  // learnable_sink: one logit per query head, in every row's softmax
 };
 
 // The shapes of a request (no data is read: meta kernels use it too).
@@ -261,8 +263,6 @@ Geometry describe(Request& r) {
                 "lengths (cumulative ends of each sequence, one per batch)");
     TORCH_CHECK(r.qLensCount == r.kvLensCount, "npu::", op, ": the actual query and key/value lengths must have one "
                 "entry per batch each, got ", r.qLensCount, " and ", r.kvLensCount);
-    TORCH_CHECK(!g.paged, "npu::", op, ": a paged KV cache (block_table) with layout TND is not supported on the npu "
-                "device; use layout BSH, BSND or BNSD");
     g.B = r.qLensCount;
   } else {
     g.B = qd.B;
@@ -272,10 +272,13 @@ Geometry describe(Request& r) {
     TORCH_CHECK(bt.dim() == 2 && bt.size(0) == g.B && bt.scalar_type() == at::kInt, "npu::", op,
                 ": block_table must be int32 of shape [batch, max blocks per sequence] = [", g.B, ", ...], got ",
                 bt.scalar_type(), " ", bt.sizes());
-    TORCH_CHECK(r.blockSize > 0 && r.blockSize <= 512 && r.blockSize % 16 == 0, "npu::", op, ": block_size must be a "
-                "multiple of 16 up to 512 with a paged KV cache, got ", r.blockSize);
-    TORCH_CHECK(g.Sq == 1 || r.blockSize % 128 == 0, "npu::", op, ": with more than one query per sequence (prefill), "
-                "a paged KV cache needs block_size a multiple of 128 (128 to 512), got ", r.blockSize);
+    // The Ascend limits: TND 16-aligned up to 1024; else 16-aligned up to 512, 128-aligned for prefill.
+    const int64_t maxBlock = r.in == Layout::TND ? 1024 : 512;
+    TORCH_CHECK(r.blockSize > 0 && r.blockSize <= maxBlock && r.blockSize % 16 == 0, "npu::", op, ": block_size must "
+                "be a multiple of 16 up to ", maxBlock, " with a paged KV cache, got ", r.blockSize);
+    TORCH_CHECK(g.Sq == 1 || r.in == Layout::TND || r.blockSize % 128 == 0, "npu::", op, ": with more than one query "
+                "per sequence (prefill), a paged KV cache needs block_size a multiple of 128 (128 to 512), got ",
+                r.blockSize, "; or use layout TND");
     TORCH_CHECK(r.kvLensCount >= 0, "npu::", op, ": a paged KV cache needs the actual key/value length of each "
                 "sequence (actual_seq_lengths_kv; actual_seq_lengths for npu_incre_flash_attention)");
     const at::Tensor& k = r.k;
@@ -292,8 +295,9 @@ Geometry describe(Request& r) {
       TORCH_CHECK(k.size(2) / g.KVN == g.D, "npu::", op, ": the key cache's head size ", k.size(2) / g.KVN,
                   " differs from query's ", g.D);
     } else {
-      TORCH_CHECK(k.dim() == 4 && r.in == Layout::BNSD, "npu::", op, ": a paged key/value cache is [blocks, "
-                  "block_size, H], or [blocks, kv heads, block_size, D] with layout BNSD; got ", k.sizes(),
+      TORCH_CHECK(k.dim() == 4 && (r.in == Layout::BNSD || r.in == Layout::TND), "npu::", op, ": a paged key/value "
+                  "cache is [blocks, block_size, H], or [blocks, kv heads, block_size, D] with layout BNSD or TND; got ",
+                  k.sizes(),
                   " with layout ", layoutName(r.in));
       g.headMajorCache = true;
       g.KVN = k.size(1);
@@ -383,7 +387,12 @@ Lengths lengthsOf(const Request& r, const Geometry& g) {
   Lengths l;
   if (r.in == Layout::TND) {
     cumulative(r.op, "the actual query lengths", *r.qLens, g.Sq, l.sq, l.qStart);
-    cumulative(r.op, "the actual key/value lengths", *r.kvLens, r.k.size(0), l.skv, l.kvStart);
+    if (r.blockTable.defined()) {  // paged: each sequence's own key/value length
+      l.skv = perBatch(r.op, "actual key/value length", r.kvLens, g.B, g.Skv);
+      l.kvStart.assign(g.B, 0);
+    } else {
+      cumulative(r.op, "the actual key/value lengths", *r.kvLens, r.k.size(0), l.skv, l.kvStart);
+    }
   } else {
     l.sq = perBatch(r.op, "actual query length", r.qLens, g.B, g.Sq);
     l.skv = perBatch(r.op, "actual key/value length", r.kvLens, g.B, g.Skv);
@@ -481,7 +490,8 @@ struct Problem {
   Rows qRows, kvRows;
   const int32_t* table = nullptr;
   int64_t tableCols = 0, blockSize = 0;
-  at::Tensor pse;  // float32, 4-D, broadcast to [B, N, Sq, Skv] by strides
+  at::Tensor pse;   // float32, 4-D, broadcast to [B, N, Sq, Skv] by strides
+  at::Tensor sink;  // float32 [N, 1, 1], or undefined
   double scale = 1.0;
   int64_t group() const { return g.N / g.KVN; }
 
@@ -567,7 +577,7 @@ void prepare(Problem& p, const Request& r, const at::Tensor& q, const at::Tensor
 // The forward: out (zero where a row sees no key) and lse [B, N, Sq] / [T, N] (-inf there).
 std::tuple<at::Tensor, at::Tensor> attentionForward(Request& r) {
   Geometry g = describe(r);
-  return onHost(r.op, {r.q, r.k, r.v, r.mask, r.pse, r.blockTable}, [&](auto input, auto output) {
+  return onHost(r.op, {r.q, r.k, r.v, r.mask, r.pse, r.blockTable, r.sink}, [&](auto input, auto output) {
     Problem p;
     p.g = g;
     const at::Tensor q = input(r.q), k = input(r.k), v = input(r.v);
@@ -575,6 +585,7 @@ std::tuple<at::Tensor, at::Tensor> attentionForward(Request& r) {
     Request host = r;
     host.mask = input(r.mask);
     prepare(p, host, q, k, v, table, input(r.pse));
+    if (r.sink.defined()) p.sink = input(r.sink).to(at::kFloat).view({g.N, 1, 1});
     at::Tensor out = at::zeros(g.outShape, q.options());
     at::Tensor outFlat = out.view({-1, g.Dv});
     const Rows outRows = rowsOf(r.out, g.B, g.N, g.Sq, std::vector<int64_t>(g.B, 0));
@@ -596,9 +607,12 @@ std::tuple<at::Tensor, at::Tensor> attentionForward(Request& r) {
           at::Tensor s = p.scores(p.queries(p.qFlat, p.qRows, b, n0, i0, rows).to(at::kFloat), keys, b, n0, i0, rows,
                                   &masked);
           at::Tensor m = s.amax(-1, true);
+          const at::Tensor sink = p.sink.defined() ? p.sink.narrow(0, n0, G) : at::Tensor();
+          if (sink.defined()) m = at::maximum(m, sink);  // the sink is one more logit of every row
           m.masked_fill_(at::isneginf(m), 0.0);  // rows that see no key: exp(-inf) = 0 below
           s.sub_(m).exp_();
           at::Tensor sum = s.sum(-1, true);
+          if (sink.defined()) sum.add_(sink.sub(m).exp_());
           s.div_(sum.clamp_min(std::numeric_limits<float>::min()));
           at::Tensor o = at::matmul(s, values);  // [G, rows, Dv]
           strided(outFlat, outRows.at(b, n0, i0 + p.len.qStart[b]), {G, rows}, {outRows.head, outRows.seq}).copy_(o);
@@ -762,7 +776,7 @@ Request fusedInferV2Request(const Args& a) {
                   "key_shared_prefix_dtype", "value_shared_prefix_dtype", "dequant_scale_query_dtype",
                   "dequant_scale_key_dtype", "dequant_scale_value_dtype", "dequant_scale_key_rope_dtype", "out_dtype"},
            "quantization and dtype overrides");
-  a.refuse(r.op, {"query_rope", "key_rope", "learnable_sink"}, "MLA's rope inputs and learnable sinks");
+  a.refuse(r.op, {"query_rope", "key_rope"}, "MLA's rope inputs");
   r.q = a.tensor("query");
   r.k = a.tensor("key");
   r.v = a.tensor("value");
@@ -781,6 +795,14 @@ Request fusedInferV2Request(const Args& a) {
   r.blockTable = a.tensor("block_table");
   r.blockSize = a.integer("block_size");
   r.wantLse = a.flag("return_softmax_lse");
+  r.sink = a.tensor("learnable_sink");
+  if (r.sink.defined()) {
+    TORCH_CHECK(r.in == Layout::TND && r.sink.scalar_type() == at::kBFloat16 && r.sink.dim() == 1 &&
+                    r.sink.size(0) == r.heads,
+                "npu::", r.op, ": learnable_sink must be bfloat16 of shape (num_query_heads,) = (", r.heads,
+                ",) with layout TND (the Ascend limits), got ", r.sink.scalar_type(), " ", r.sink.sizes(), " with ",
+                a.str("input_layout"));
+  }
   checkSparse(r, {0, 1, 2, 3, 4});
   return r;
 }
@@ -811,8 +833,7 @@ void increKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 template <bool Meta, bool V2>
-void fusedInferKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  Args a(op, stack);
+std::tuple<at::Tensor, at::Tensor> fusedInfer(const Args& a) {
   Request r = V2 ? fusedInferV2Request(a) : fusedInferRequest(a);
   if (!Meta) {
     readLengths(r, a, V2 ? "actual_seq_qlen" : "actual_seq_lengths", V2 ? "actual_seq_kvlen" : "actual_seq_lengths_kv");
@@ -820,8 +841,38 @@ void fusedInferKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   Request probe = r;
   asDecode(r, describe(probe));
   if (r.decodeMaskShapes && r.in != Layout::TND) r.qLens.reset();  // decode: the query lengths do not apply
-  auto [out, lse] = Meta ? attentionForwardMeta(r) : attentionForward(r);
+  return Meta ? attentionForwardMeta(r) : attentionForward(r);
+}
+
+template <bool Meta, bool V2>
+void fusedInferKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  Args a(op, stack);
+  auto [out, lse] = fusedInfer<Meta, V2>(a);
   a.finish(std::move(out), std::move(lse));
+}
+
+// The .out form (vllm-ascend's graph mode): the results copied into the given tensors.
+template <bool Meta, bool V2>
+void fusedInferOutKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  Args a(op, stack);
+  auto [out, lse] = fusedInfer<Meta, V2>(a);
+  at::Tensor attentionOut = a.tensor("attention_out"), softmaxLse = a.tensor("softmax_lse");
+  if (attentionOut.sizes() != out.sizes()) attentionOut.resize_(out.sizes());
+  if (softmaxLse.sizes() != lse.sizes()) softmaxLse.resize_(lse.sizes());
+  if (!Meta) {
+    attentionOut.copy_(out);
+    softmaxLse.copy_(lse);
+  }
+  a.finish(attentionOut, softmaxLse);
+}
+
+// The workspace the .out form takes: none is needed here; the call checks the arguments.
+template <bool Meta, bool V2>
+void fusedInferWorkspaceKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  Args a(op, stack);
+  Request r = V2 ? fusedInferV2Request(a) : fusedInferRequest(a);
+  describe(r);
+  a.finish(at::empty({0}, r.q.options().dtype(at::kByte)));
 }
 
 // ---- npu_fusion_attention_grad -----------------------------------------------------
@@ -1245,33 +1296,44 @@ TORCH_LIBRARY_FRAGMENT(npu, m) {
         "Tensor? quant_scale2=None, Tensor? quant_offset2=None, Tensor? kv_padding_size=None, int num_heads=1, "
         "float scale_value=1.0, str input_layout=\"BSH\", int num_key_value_heads=0, int block_size=0, "
         "int inner_precise=1) -> Tensor");
-  m.def("npu_fused_infer_attention_score(Tensor query, Tensor key, Tensor value, *, Tensor? pse_shift=None, "
-        "Tensor? atten_mask=None, SymInt[]? actual_seq_lengths=None, SymInt[]? actual_seq_lengths_kv=None, "
-        "Tensor? dequant_scale1=None, Tensor? quant_scale1=None, Tensor? dequant_scale2=None, "
-        "Tensor? quant_scale2=None, Tensor? quant_offset2=None, Tensor? antiquant_scale=None, "
-        "Tensor? antiquant_offset=None, Tensor? key_antiquant_scale=None, Tensor? key_antiquant_offset=None, "
-        "Tensor? value_antiquant_scale=None, Tensor? value_antiquant_offset=None, Tensor? block_table=None, "
-        "Tensor? query_padding_size=None, Tensor? kv_padding_size=None, Tensor? key_shared_prefix=None, "
-        "Tensor? value_shared_prefix=None, SymInt[]? actual_shared_prefix_len=None, Tensor? query_rope=None, "
-        "Tensor? key_rope=None, Tensor? key_rope_antiquant_scale=None, int num_heads=1, float scale=1.0, "
-        "int pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", "
-        "int num_key_value_heads=0, int sparse_mode=0, int inner_precise=0, int block_size=0, "
-        "int antiquant_mode=0, int key_antiquant_mode=0, int value_antiquant_mode=0, "
-        "bool softmax_lse_flag=False) -> (Tensor, Tensor)");
-  m.def("npu_fused_infer_attention_score_v2(Tensor query, Tensor key, Tensor value, *, Tensor? query_rope=None, "
-        "Tensor? key_rope=None, Tensor? pse_shift=None, Tensor? atten_mask=None, SymInt[]? actual_seq_qlen=None, "
-        "SymInt[]? actual_seq_kvlen=None, Tensor? block_table=None, Tensor? dequant_scale_query=None, "
-        "Tensor? dequant_scale_key=None, Tensor? dequant_offset_key=None, Tensor? dequant_scale_value=None, "
-        "Tensor? dequant_offset_value=None, Tensor? dequant_scale_key_rope=None, Tensor? quant_scale_out=None, "
-        "Tensor? quant_offset_out=None, Tensor? quant_scale_p=None, Tensor? learnable_sink=None, "
-        "int num_query_heads=1, int num_key_value_heads=0, float softmax_scale=1.0, int pre_tokens=2147483647, "
-        "int next_tokens=2147483647, str input_layout=\"BSH\", int sparse_mode=0, int block_size=0, "
-        "int query_quant_mode=0, int key_quant_mode=0, int value_quant_mode=0, int inner_precise=0, "
-        "bool return_softmax_lse=False, int? query_dtype=None, int? key_dtype=None, int? value_dtype=None, "
-        "int? query_rope_dtype=None, int? key_rope_dtype=None, int? key_shared_prefix_dtype=None, "
-        "int? value_shared_prefix_dtype=None, int? dequant_scale_query_dtype=None, "
-        "int? dequant_scale_key_dtype=None, int? dequant_scale_value_dtype=None, "
-        "int? dequant_scale_key_rope_dtype=None, int? out_dtype=None) -> (Tensor, Tensor)");
+  // The fused infer ops, their .out forms (vllm-ascend's graph mode) and the workspace query.
+  const std::string fia =
+      "Tensor query, Tensor key, Tensor value, *, Tensor? pse_shift=None, "
+      "Tensor? atten_mask=None, SymInt[]? actual_seq_lengths=None, SymInt[]? actual_seq_lengths_kv=None, "
+      "Tensor? dequant_scale1=None, Tensor? quant_scale1=None, Tensor? dequant_scale2=None, "
+      "Tensor? quant_scale2=None, Tensor? quant_offset2=None, Tensor? antiquant_scale=None, "
+      "Tensor? antiquant_offset=None, Tensor? key_antiquant_scale=None, Tensor? key_antiquant_offset=None, "
+      "Tensor? value_antiquant_scale=None, Tensor? value_antiquant_offset=None, Tensor? block_table=None, "
+      "Tensor? query_padding_size=None, Tensor? kv_padding_size=None, Tensor? key_shared_prefix=None, "
+      "Tensor? value_shared_prefix=None, SymInt[]? actual_shared_prefix_len=None, Tensor? query_rope=None, "
+      "Tensor? key_rope=None, Tensor? key_rope_antiquant_scale=None, int num_heads=1, float scale=1.0, "
+      "int pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", "
+      "int num_key_value_heads=0, int sparse_mode=0, int inner_precise=0, int block_size=0, "
+      "int antiquant_mode=0, int key_antiquant_mode=0, int value_antiquant_mode=0, "
+      "bool softmax_lse_flag=False";
+  const std::string v2 =
+      "Tensor query, Tensor key, Tensor value, *, Tensor? query_rope=None, "
+      "Tensor? key_rope=None, Tensor? pse_shift=None, Tensor? atten_mask=None, SymInt[]? actual_seq_qlen=None, "
+      "SymInt[]? actual_seq_kvlen=None, Tensor? block_table=None, Tensor? dequant_scale_query=None, "
+      "Tensor? dequant_scale_key=None, Tensor? dequant_offset_key=None, Tensor? dequant_scale_value=None, "
+      "Tensor? dequant_offset_value=None, Tensor? dequant_scale_key_rope=None, Tensor? quant_scale_out=None, "
+      "Tensor? quant_offset_out=None, Tensor? quant_scale_p=None, Tensor? learnable_sink=None, "
+      "int num_query_heads=1, int num_key_value_heads=0, float softmax_scale=1.0, int pre_tokens=2147483647, "
+      "int next_tokens=2147483647, str input_layout=\"BSH\", int sparse_mode=0, int block_size=0, "
+      "int query_quant_mode=0, int key_quant_mode=0, int value_quant_mode=0, int inner_precise=0, "
+      "bool return_softmax_lse=False, int? query_dtype=None, int? key_dtype=None, int? value_dtype=None, "
+      "int? query_rope_dtype=None, int? key_rope_dtype=None, int? key_shared_prefix_dtype=None, "
+      "int? value_shared_prefix_dtype=None, int? dequant_scale_query_dtype=None, "
+      "int? dequant_scale_key_dtype=None, int? dequant_scale_value_dtype=None, "
+      "int? dequant_scale_key_rope_dtype=None, int? out_dtype=None";
+  const std::string outs =
+      ", Tensor? workspace=None, Tensor(a!) attention_out, Tensor(b!) softmax_lse) -> (Tensor(a!), Tensor(b!))";
+  m.def(("npu_fused_infer_attention_score(" + fia + ") -> (Tensor, Tensor)").c_str());
+  m.def(("npu_fused_infer_attention_score.out(" + fia + outs).c_str());
+  m.def(("_npu_fused_infer_attention_score_get_max_workspace(" + fia + ") -> Tensor").c_str());
+  m.def(("npu_fused_infer_attention_score_v2(" + v2 + ") -> (Tensor, Tensor)").c_str());
+  m.def(("npu_fused_infer_attention_score_v2.out(" + v2 + outs).c_str());
+  m.def(("_npu_fused_infer_attention_score_v2_get_max_workspace(" + v2 + ") -> Tensor").c_str());
   m.def("npu_fusion_attention_grad(Tensor query, Tensor key, Tensor value, Tensor dy, int head_num, "
         "str input_layout, *, Tensor? pse=None, Tensor? padding_mask=None, Tensor? atten_mask=None, "
         "Tensor? softmax_max=None, Tensor? softmax_sum=None, Tensor? softmax_in=None, Tensor? attention_in=None, "
@@ -1301,6 +1363,14 @@ TORCH_LIBRARY_FRAGMENT(npu, m) {
            torch::CppFunction::makeFromBoxedFunction<&fusedInferKernel<META, false>>());                           \
     m.impl("npu_fused_infer_attention_score_v2",                                                                   \
            torch::CppFunction::makeFromBoxedFunction<&fusedInferKernel<META, true>>());                            \
+    m.impl("npu_fused_infer_attention_score.out",                                                                  \
+           torch::CppFunction::makeFromBoxedFunction<&fusedInferOutKernel<META, false>>());                        \
+    m.impl("npu_fused_infer_attention_score_v2.out",                                                               \
+           torch::CppFunction::makeFromBoxedFunction<&fusedInferOutKernel<META, true>>());                         \
+    m.impl("_npu_fused_infer_attention_score_get_max_workspace",                                                   \
+           torch::CppFunction::makeFromBoxedFunction<&fusedInferWorkspaceKernel<META, false>>());                  \
+    m.impl("_npu_fused_infer_attention_score_v2_get_max_workspace",                                                \
+           torch::CppFunction::makeFromBoxedFunction<&fusedInferWorkspaceKernel<META, true>>());                   \
     m.impl("npu_fusion_attention_grad", torch::CppFunction::makeFromBoxedFunction<&fusionAttentionGradKernel<META>>()); \
     m.impl("npu_scatter_pa_kv_cache", torch::CppFunction::makeFromBoxedFunction<&scatterKernel<META>>());         \
     m.impl("npu_scatter_pa_kv_cache_functional",                                                                   \
