@@ -122,6 +122,22 @@ def test_prompt_flash_attention_sparse_modes(dtype, mode):
     torch.testing.assert_close(out.cpu().float(), expected, **tol(dtype))
 
 
+@pytest.mark.parametrize("mode,pre,nxt", [(3, NO_BAND, NO_BAND), (4, 100, 0), (0, 37, 5)])
+def test_prompt_flash_attention_long_sequences_in_tiles(mode, pre, nxt):
+    """600 queries: the kernel's tiles of rows, each over only the keys its rows can see."""
+    torch.manual_seed(4)
+    q, k, v = rand(1, N, 600, D), rand(1, KVN, 640, D), rand(1, KVN, 640, D)
+    mask = COMPRESSED if mode else torch.rand(600, 640) < 0.2
+    out = torch_npu.npu_prompt_flash_attention(
+        q.npu(), k.npu(), v.npu(), atten_mask=mask.npu(), num_heads=N, num_key_value_heads=KVN, scale_value=0.15,
+        input_layout="BNSD", sparse_mode=mode, pre_tokens=pre, next_tokens=nxt)
+    keep = geometry(600, 640, mode, pre=pre, nxt=nxt, band=mode == 0)
+    if mode == 0:
+        keep = keep & ~mask
+    expected, _ = reference(q, k, v, 0.15, keep)
+    torch.testing.assert_close(out.cpu().float(), expected, **tol(torch.float16))
+
+
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 def test_prompt_flash_attention_actual_lengths_and_pse(dtype):
     q, k, v = inputs(dtype, sq=8, skv=10)
@@ -531,6 +547,22 @@ def test_fusion_attention_grad_matches_autograd_of_the_composition(dtype, layout
             torch.testing.assert_close(dpse.cpu().float(), ref_pse.grad, rtol=3e-2, atol=3e-2)
         else:
             assert dpse is None
+
+
+def test_fusion_attention_grad_long_causal_in_tiles():
+    torch.manual_seed(5)
+    s = 520
+    q, k, v, dy = rand(1, N, s, D, dtype=torch.float32), rand(1, KVN, s, D, dtype=torch.float32), \
+        rand(1, KVN, s, D, dtype=torch.float32), rand(1, N, s, D, dtype=torch.float32)
+    ref_in = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected, _ = reference(*ref_in, 0.2, geometry(s, s, 2))
+    expected.backward(dy)
+    fwd = torch_npu.npu_fusion_attention(q.npu(), k.npu(), v.npu(), N, "BNSD", scale=0.2, sparse_mode=2)
+    grads = torch_npu.npu_fusion_attention_grad(q.npu(), k.npu(), v.npu(), dy.npu(), N, "BNSD", scale_value=0.2,
+                                                sparse_mode=2, softmax_max=fwd[1], softmax_sum=fwd[2],
+                                                attention_in=fwd[0])
+    for got, ref in zip(grads[:3], ref_in):
+        torch.testing.assert_close(got.cpu(), ref.grad, rtol=1e-4, atol=1e-4)
 
 
 def test_fusion_attention_grad_errors():

@@ -25,6 +25,7 @@
 #include <ATen/ops/full.h>
 #include <ATen/ops/isneginf.h>
 #include <ATen/ops/matmul.h>
+#include <ATen/ops/mm.h>
 #include <ATen/ops/maximum.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
@@ -406,11 +407,9 @@ Lengths lengthsOf(const Request& r, const Geometry& g) {
 // mode's geometry, the band of pre/next tokens.
 struct Masking {
   at::Tensor bytes;  // atten_mask as uint8, 4-D [B or 1, N or 1, >= Sq, >= Skv], or undefined
-  int64_t sb = 0, sn = 0, si = 0, sj = 0;
+  int64_t sb = 0, sn = 0, si = 0;
   int64_t mode = 0, pre = kNoBand, next = kNoBand;
   bool band = false;
-  bool perHead() const { return bytes.defined() && sn != 0; }
-  bool any() const { return bytes.defined() || band || mode >= 2; }
 };
 
 Masking maskingOf(const Request& r, const Geometry& g, const Lengths& l) {
@@ -439,40 +438,104 @@ Masking maskingOf(const Request& r, const Geometry& g, const Lengths& l) {
   m.bytes = mask.contiguous();
   m.sb = mask.size(0) == 1 ? 0 : m.bytes.stride(0);
   m.sn = mask.size(1) == 1 ? 0 : m.bytes.stride(1);
-  m.si = m.bytes.stride(2);
-  m.sj = m.bytes.stride(3);
+  m.si = m.bytes.stride(2);  // (the last dimension is contiguous)
   return m;
 }
 
-// out[h, i - i0, j] = true where query row i of batch b (head n0 + h) must not see key j.
-void fillMasked(const Masking& m, int64_t b, int64_t n0, int64_t heads, int64_t i0, int64_t rows, int64_t sq,
-                int64_t skv, bool* out) {
-  const uint8_t* base = m.bytes.defined() ? m.bytes.const_data_ptr<uint8_t>() + b * m.sb : nullptr;
+// The keys query row i of a sequence may see by the sparse mode's geometry and the
+// band: [lo, hi] (before atten_mask). Both bounds grow with i.
+void keptRange(const Masking& m, int64_t i, int64_t sq, int64_t skv, int64_t* lo, int64_t* hi) {
   const int64_t shift = skv - sq;  // bottom-right alignment
-  for (int64_t h = 0; h < heads; ++h) {
-    const uint8_t* mh = base ? base + (n0 + h) * m.sn : nullptr;
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = i0 + r;
-      bool* row = out + (h * rows + r) * skv;
-      int64_t lo = 0, hi = skv - 1;  // the kept range of the geometry
-      if (m.mode == 2) hi = i;
-      if (m.mode == 3) hi = i + shift;
-      if (m.band && m.mode == 0) {
-        lo = std::max<int64_t>(lo, i - m.pre);
-        hi = std::min<int64_t>(hi, i + m.next);
-      }
-      if (m.band && m.mode == 4) {
-        lo = std::max<int64_t>(lo, i + shift - m.pre);
-        hi = std::min<int64_t>(hi, i + shift + m.next);
-      }
-      const uint8_t* mr = mh ? mh + i * m.si : nullptr;
-      for (int64_t j = 0; j < skv; ++j) row[j] = j < lo || j > hi || (mr && mr[j * m.sj] != 0);
-    }
+  *lo = 0;
+  *hi = skv - 1;
+  if (m.mode == 2) *hi = i;
+  if (m.mode == 3) *hi = i + shift;
+  if (m.band && m.mode == 0) {
+    *lo = std::max<int64_t>(*lo, i - m.pre);
+    *hi = std::min<int64_t>(*hi, i + m.next);
   }
+  if (m.band && m.mode == 4) {
+    *lo = std::max<int64_t>(*lo, i + shift - m.pre);
+    *hi = std::min<int64_t>(*hi, i + shift + m.next);
+  }
+  *lo = std::max<int64_t>(*lo, 0);
+  *hi = std::min<int64_t>(*hi, skv - 1);
 }
 
-// A float32 copy (or view, for float32) of rows of a [rows, D] view: `count` rows
-// from `first`, `step` rows apart.
+// ---- the softmax of a row of scores --------------------------------------------------
+// Each row is one pass for its maximum and one for exp and the sum, in cache; built
+// for AVX-512, AVX2 and the baseline, chosen at load time.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define NPU_ATTENTION_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define NPU_ATTENTION_CLONES
+#endif
+
+// e^x for x <= 0 (a score minus its row's maximum), written so its loops vectorise:
+// x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is exact), e^r by its
+// Taylor series to r^7 (relative error below 1e-8 there), times 2^n from the exponent bits.
+inline __attribute__((always_inline)) float expOfNonPositive(float x) {
+  x = std::max(x, -87.0f);  // e^-87 is near FLT_MIN; smaller results round to it
+  const float t = x * 1.44269504088896341f - 0.5f;
+  int32_t n = static_cast<int32_t>(t);  // rounds t + 0.5 to the nearest: t <= 0 truncates upwards
+  const float nf = static_cast<float>(n);
+  const float r = (x - nf * 0.693145751953125f) - nf * 1.428606765330187e-06f;
+  float p = 1.0f / 5040;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  return p * __builtin_bit_cast(float, (n + 127) << 23);
+}
+
+// Row max over the kept keys [lo, hi] where mask (optional, 1 = masked) is 0.
+NPU_ATTENTION_CLONES float keptMax(const float* s, int64_t lo, int64_t hi, const uint8_t* mask) {
+  float m = -std::numeric_limits<float>::infinity();
+  if (mask == nullptr) {
+#pragma omp simd reduction(max : m)
+    for (int64_t j = lo; j <= hi; ++j) m = std::max(m, s[j]);
+  } else {
+#pragma omp simd reduction(max : m)
+    for (int64_t j = lo; j <= hi; ++j) m = std::max(m, mask[j] ? -std::numeric_limits<float>::infinity() : s[j]);
+  }
+  return m;
+}
+
+// s[j] = exp(s[j] - m) * scale for the kept keys, 0 for the others (n columns); returns
+// the sum of the exps (before `scale`).
+NPU_ATTENTION_CLONES float expRow(float* s, int64_t n, int64_t lo, int64_t hi, const uint8_t* mask, float m,
+                                   float scale) {
+  float sum = 0;
+  for (int64_t j = 0; j < lo; ++j) s[j] = 0;
+  if (mask == nullptr) {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = lo; j <= hi; ++j) {
+      const float e = expOfNonPositive(s[j] - m);
+      sum += e;
+      s[j] = e * scale;
+    }
+  } else {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = lo; j <= hi; ++j) {
+      const float e = mask[j] ? 0.0f : expOfNonPositive(s[j] - m);
+      sum += e;
+      s[j] = e * scale;
+    }
+  }
+  for (int64_t j = std::max<int64_t>(hi + 1, lo); j < n; ++j) s[j] = 0;
+  return sum;
+}
+
+// The rows of a tile: query rows i0.. of batch b, for the group of query heads of one kv
+// head, against keys [begin, end) of the sequence.
+struct Tile {
+  int64_t b = 0, kvHead = 0, n0 = 0, i0 = 0, rows = 0, begin = 0, end = 0;
+};
+
+// A float32 view (or copy) of rows of a [rows, D] view: sizes (..., D), steps in rows.
 at::Tensor strided(const at::Tensor& flat, int64_t first, std::vector<int64_t> sizes, std::vector<int64_t> steps) {
   const int64_t d = flat.size(1);
   for (auto& s : steps) s *= d;
@@ -491,47 +554,79 @@ struct Problem {
   const int32_t* table = nullptr;
   int64_t tableCols = 0, blockSize = 0;
   at::Tensor pse;   // float32, 4-D, broadcast to [B, N, Sq, Skv] by strides
-  at::Tensor sink;  // float32 [N, 1, 1], or undefined
+  at::Tensor sink;  // float32 [N], or undefined
   double scale = 1.0;
   int64_t group() const { return g.N / g.KVN; }
 
-  // The key (or value) rows of batch b, kv head h, as float32 [skv, D].
-  at::Tensor keys(const at::Tensor& flat, int64_t b, int64_t h) const {
-    const int64_t skv = len.skv[b];
-    if (table == nullptr) return strided(flat, kvRows.at(b, h, len.kvStart[b]), {skv}, {kvRows.seq}).to(at::kFloat);
-    at::Tensor index = at::empty({skv}, at::TensorOptions().dtype(at::kLong));
+  // Keys [begin, end) of batch b, kv head h (or values, from vFlat), as float32 [end - begin, D].
+  at::Tensor keys(const at::Tensor& flat, int64_t b, int64_t h, int64_t begin, int64_t end) const {
+    const int64_t count = end - begin;
+    if (table == nullptr) {
+      return strided(flat, kvRows.at(b, h, len.kvStart[b] + begin), {count}, {kvRows.seq}).to(at::kFloat);
+    }
+    at::Tensor index = at::empty({count}, at::TensorOptions().dtype(at::kLong));
     int64_t* ip = index.mutable_data_ptr<int64_t>();
-    for (int64_t j = 0; j < skv; ++j) {
+    for (int64_t j = begin; j < end; ++j) {
       const int64_t block = table[b * tableCols + j / blockSize], offset = j % blockSize;
-      ip[j] = g.headMajorCache ? (block * g.KVN + h) * blockSize + offset : (block * blockSize + offset) * g.KVN + h;
+      ip[j - begin] = g.headMajorCache ? (block * g.KVN + h) * blockSize + offset
+                                       : (block * blockSize + offset) * g.KVN + h;
     }
     return flat.index_select(0, index).to(at::kFloat);
   }
-  at::Tensor queries(const at::Tensor& flat, const Rows& rows, int64_t b, int64_t n0, int64_t i0, int64_t count) const {
-    return strided(flat, rows.at(b, n0, i0 + len.qStart[b]), {group(), count}, {rows.head, rows.seq});
+  // Rows of a query-shaped tensor for a tile: [G, rows, D] (a view where it can be).
+  at::Tensor queries(const at::Tensor& flat, const Tile& t) const {
+    return strided(flat, qRows.at(t.b, t.n0, t.i0 + len.qStart[t.b]), {group(), t.rows}, {qRows.head, qRows.seq});
   }
-  // The scores of a tile (group heads x rows i0.. of batch b), scaled, biased and masked
-  // (-inf), float32 [G, rows, skv]; `masked` gets the mask when there is one.
-  at::Tensor scores(const at::Tensor& q, const at::Tensor& k, int64_t b, int64_t n0, int64_t i0, int64_t rows,
-                    at::Tensor* masked) const {
-    const int64_t skv = len.skv[b];
-    at::Tensor s = at::matmul(q, k.t()).mul_(scale);
-    if (pse.defined()) {
-      s.add_(pse.select(0, pse.size(0) == 1 ? 0 : b).narrow(0, pse.size(1) == 1 ? 0 : n0, pse.size(1) == 1 ? 1 : group())
-                 .narrow(1, pse.size(2) == 1 ? 0 : i0, pse.size(2) == 1 ? 1 : rows)
-                 .narrow(2, 0, pse.size(3) == 1 ? 1 : skv));
+  // The tiles of batch b and kv head h: their rows keep about 1 MB of scores, and each
+  // covers only the keys its rows can see.
+  void tiles(int64_t b, int64_t h, std::vector<Tile>& out) const {
+    const int64_t sq = len.sq[b], skv = len.skv[b];
+    if (sq == 0 || skv == 0) return;
+    const int64_t step = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, group() * skv));
+    for (int64_t i0 = 0; i0 < sq; i0 += step) {
+      Tile t{b, h, h * group(), i0, std::min(step, sq - i0), 0, 0};
+      int64_t lo, hi, lastLo, lastHi;
+      keptRange(masking, i0, sq, skv, &lo, &hi);
+      keptRange(masking, i0 + t.rows - 1, sq, skv, &lastLo, &lastHi);
+      t.begin = lo;
+      t.end = lastHi + 1;
+      if (t.end > t.begin) out.push_back(t);
     }
-    if (masking.any()) {
-      const int64_t heads = masking.perHead() ? group() : 1;
-      *masked = at::empty({heads, rows, skv}, at::TensorOptions().dtype(at::kBool));
-      fillMasked(masking, b, n0, heads, i0, rows, len.sq[b], skv, masked->mutable_data_ptr<bool>());
-      s.masked_fill_(*masked, -std::numeric_limits<float>::infinity());
+  }
+  // The atten_mask row of query row i, head n (keys from `begin`), or null.
+  const uint8_t* maskRow(int64_t b, int64_t n, int64_t i, int64_t begin) const {
+    if (!masking.bytes.defined()) return nullptr;
+    return masking.bytes.const_data_ptr<uint8_t>() + b * masking.sb + n * masking.sn + i * masking.si + begin;
+  }
+  // The scores of a tile, scaled and biased: float32 [G * rows, end - begin]; `qs` is the
+  // tile's queries times the scale, [G * rows, D].
+  at::Tensor scores(const Tile& t, const at::Tensor& qs, const at::Tensor& k) const {
+    at::Tensor s = at::mm(qs, k.t());
+    if (pse.defined()) {
+      const int64_t G = group();
+      at::Tensor bias = pse.select(0, pse.size(0) == 1 ? 0 : t.b)
+                            .narrow(0, pse.size(1) == 1 ? 0 : t.n0, pse.size(1) == 1 ? 1 : G)
+                            .narrow(1, pse.size(2) == 1 ? 0 : t.i0, pse.size(2) == 1 ? 1 : t.rows)
+                            .narrow(2, pse.size(3) == 1 ? 0 : t.begin, pse.size(3) == 1 ? 1 : t.end - t.begin);
+      s.view({G, t.rows, t.end - t.begin}).add_(bias);
     }
     return s;
   }
-  // Rows per tile: the tile's scores stay within about 4 MB.
-  int64_t tileRows(int64_t b) const {
-    return std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, group() * len.skv[b]));
+  // Runs `row(r, n, i, lo, hi, mask)` for each row r of a tile's scores: head n, query i,
+  // kept keys [lo, hi] relative to the tile's first key.
+  template <class Row>
+  void eachRow(const Tile& t, Row row) const {
+    const int64_t sq = len.sq[t.b], skv = len.skv[t.b];
+    for (int64_t h = 0; h < group(); ++h) {
+      for (int64_t r = 0; r < t.rows; ++r) {
+        const int64_t i = t.i0 + r;
+        int64_t lo, hi;
+        keptRange(masking, i, sq, skv, &lo, &hi);
+        lo = std::max(lo, t.begin) - t.begin;
+        hi = std::min(hi, t.end - 1) - t.begin;
+        row(h * t.rows + r, t.n0 + h, i, lo, hi, maskRow(t.b, t.n0 + h, i, t.begin));
+      }
+    }
   }
 };
 
@@ -585,40 +680,48 @@ std::tuple<at::Tensor, at::Tensor> attentionForward(Request& r) {
     Request host = r;
     host.mask = input(r.mask);
     prepare(p, host, q, k, v, table, input(r.pse));
-    if (r.sink.defined()) p.sink = input(r.sink).to(at::kFloat).view({g.N, 1, 1});
+    if (r.sink.defined()) p.sink = input(r.sink).to(at::kFloat).contiguous();
     at::Tensor out = at::zeros(g.outShape, q.options());
     at::Tensor outFlat = out.view({-1, g.Dv});
     const Rows outRows = rowsOf(r.out, g.B, g.N, g.Sq, std::vector<int64_t>(g.B, 0));
-    at::Tensor lse = at::full(r.in == Layout::TND ? std::vector<int64_t>{g.Sq, g.N} : std::vector<int64_t>{g.B, g.N, g.Sq},
-                              -std::numeric_limits<float>::infinity(), q.options().dtype(at::kFloat));
-    at::Tensor lseFlat = lse.view({-1, 1});
-    const Rows lseRows = r.in == Layout::TND ? rowsOf(Layout::TND, g.B, g.N, g.Sq, std::vector<int64_t>(g.B, 0))
-                                             : rowsOf(Layout::BNSD, g.B, g.N, g.Sq, std::vector<int64_t>(g.B, 0));
+    at::Tensor lse = at::full({(r.in == Layout::TND ? 1 : g.B) * g.N * g.Sq}, -std::numeric_limits<float>::infinity(),
+                              q.options().dtype(at::kFloat));
+    float* lsePtr = lse.mutable_data_ptr<float>();
+    const Rows lseRows = rowsOf(r.in == Layout::TND ? Layout::TND : Layout::BNSD, g.B, g.N, g.Sq,
+                                std::vector<int64_t>(g.B, 0));
+    const float* sinkPtr = p.sink.defined() ? p.sink.const_data_ptr<float>() : nullptr;
+    std::vector<Tile> work;
+    for (int64_t b = 0; b < g.B; ++b) {
+      for (int64_t h = 0; h < g.KVN; ++h) p.tiles(b, h, work);
+    }
     const int64_t G = p.group();
-    at::parallel_for(0, g.B * g.KVN, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t task = begin; task < end; ++task) {
-        const int64_t b = task / g.KVN, h = task % g.KVN, n0 = h * G;
-        const int64_t sq = p.len.sq[b], skv = p.len.skv[b];
-        if (sq == 0 || skv == 0) continue;
-        const at::Tensor keys = p.keys(p.kFlat, b, h), values = p.keys(p.vFlat, b, h);
-        for (int64_t i0 = 0; i0 < sq; i0 += p.tileRows(b)) {
-          const int64_t rows = std::min(p.tileRows(b), sq - i0);
-          at::Tensor masked;
-          at::Tensor s = p.scores(p.queries(p.qFlat, p.qRows, b, n0, i0, rows).to(at::kFloat), keys, b, n0, i0, rows,
-                                  &masked);
-          at::Tensor m = s.amax(-1, true);
-          const at::Tensor sink = p.sink.defined() ? p.sink.narrow(0, n0, G) : at::Tensor();
-          if (sink.defined()) m = at::maximum(m, sink);  // the sink is one more logit of every row
-          m.masked_fill_(at::isneginf(m), 0.0);  // rows that see no key: exp(-inf) = 0 below
-          s.sub_(m).exp_();
-          at::Tensor sum = s.sum(-1, true);
-          if (sink.defined()) sum.add_(sink.sub(m).exp_());
-          s.div_(sum.clamp_min(std::numeric_limits<float>::min()));
-          at::Tensor o = at::matmul(s, values);  // [G, rows, Dv]
-          strided(outFlat, outRows.at(b, n0, i0 + p.len.qStart[b]), {G, rows}, {outRows.head, outRows.seq}).copy_(o);
-          strided(lseFlat, lseRows.at(b, n0, i0 + p.len.qStart[b]), {G, rows}, {lseRows.head, lseRows.seq})
-              .copy_(m.add_(sum.log()));
-        }
+    at::parallel_for(0, static_cast<int64_t>(work.size()), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t w = begin; w < end; ++w) {
+        const Tile& t = work[w];
+        const int64_t width = t.end - t.begin;
+        const at::Tensor keys = p.keys(p.kFlat, t.b, t.kvHead, t.begin, t.end);
+        const at::Tensor values = p.keys(p.vFlat, t.b, t.kvHead, t.begin, t.end);
+        const at::Tensor qs = p.queries(p.qFlat, t).to(at::kFloat).mul(p.scale).reshape({G * t.rows, g.D});
+        at::Tensor s = p.scores(t, qs, keys);
+        float* sp = s.mutable_data_ptr<float>();
+        p.eachRow(t, [&](int64_t row, int64_t n, int64_t i, int64_t lo, int64_t hi, const uint8_t* mask) {
+          float* sr = sp + row * width;
+          float m = keptMax(sr, lo, hi, mask);
+          if (sinkPtr) m = std::max(m, sinkPtr[n]);  // the sink is one more logit of the row
+          if (m == -std::numeric_limits<float>::infinity()) {  // the row sees no key
+            std::fill(sr, sr + width, 0.0f);
+            return;
+          }
+          // exps first, then the row divided by their sum (the sink's exp included)
+          float sum = expRow(sr, width, lo, hi, mask, m, 1.0f);
+          if (sinkPtr) sum += std::exp(sinkPtr[n] - m);
+          const float inv = 1.0f / sum;
+          for (int64_t j = lo; j <= hi; ++j) sr[j] *= inv;
+          lsePtr[lseRows.at(t.b, n, i + p.len.qStart[t.b])] = m + std::log(sum);
+        });
+        const at::Tensor o = at::mm(s, values);  // [G * rows, Dv]
+        strided(outFlat, outRows.at(t.b, t.n0, t.i0 + p.len.qStart[t.b]), {G, t.rows}, {outRows.head, outRows.seq})
+            .copy_(o.view({G, t.rows, g.Dv}));
       }
     });
     at::Tensor lseOut = r.wantLse ? lse.view(g.lseShape) : at::zeros({1}, q.options().dtype(at::kFloat));
@@ -970,62 +1073,75 @@ void fusionAttentionGradKernelImpl(Args& a, bool meta) {
     prepare(p, host, q, k, v, at::Tensor(), input(pse));
     const at::Tensor doFlat = dO.reshape({-1, g.D});
     const at::Tensor outFlat = outIn.defined() ? input(outIn).reshape({-1, g.D}) : at::Tensor();
-    const Rows statRows = r.in == Layout::TND ? rowsOf(Layout::TND, g.B, g.N, g.Sq, std::vector<int64_t>(g.B, 0))
-                                              : rowsOf(Layout::BNSD, g.B, g.N, g.Sq, std::vector<int64_t>(g.B, 0));
-    at::Tensor maxFlat, sumFlat;
+    const Rows statRows = rowsOf(r.in == Layout::TND ? Layout::TND : Layout::BNSD, g.B, g.N, g.Sq,
+                                 std::vector<int64_t>(g.B, 0));
+    at::Tensor maxes, sums;  // the forward's statistics, one per query row
     if (maxIn.defined()) {
       const int64_t width = maxIn.size(-1);
-      maxFlat = input(maxIn).to(at::kFloat).reshape({-1, width}).narrow(1, 0, 1).contiguous();
-      sumFlat = input(sumIn).to(at::kFloat).reshape({-1, width}).narrow(1, 0, 1).contiguous();
+      maxes = input(maxIn).to(at::kFloat).reshape({-1, width}).select(1, 0).contiguous();
+      sums = input(sumIn).to(at::kFloat).reshape({-1, width}).select(1, 0).contiguous();
     }
     at::Tensor dq = at::zeros(q.sizes(), q.options()), dk = at::zeros(k.sizes(), k.options()),
                dv = at::zeros(v.sizes(), v.options());
     at::Tensor dqFlat = dq.view({-1, g.D}), dkFlat = dk.view({-1, g.D}), dvFlat = dv.view({-1, g.Dv});
     at::Tensor dbias = p.pse.defined() ? at::zeros(p.pse.sizes(), p.pse.options()) : at::Tensor();
     const int64_t G = p.group();
-    // dpse sums over the batches/heads pse is broadcast over: those tasks run one at a time.
+    // Tasks (batch, kv head) own their rows of dk and dv. dpse sums over the batches or heads
+    // pse is broadcast over: then the tasks run one at a time.
     const bool sharedBias = dbias.defined() && ((dbias.size(0) == 1 && g.B > 1) || dbias.size(1) != g.N);
     at::parallel_for(0, g.B * g.KVN, sharedBias ? g.B * g.KVN : 1, [&](int64_t begin, int64_t end) {
       for (int64_t task = begin; task < end; ++task) {
-        const int64_t b = task / g.KVN, h = task % g.KVN, n0 = h * G;
-        const int64_t sq = p.len.sq[b], skv = p.len.skv[b];
-        if (sq == 0 || skv == 0) continue;
-        const at::Tensor keys = p.keys(p.kFlat, b, h), values = p.keys(p.vFlat, b, h);
+        const int64_t b = task / g.KVN, h = task % g.KVN, skv = p.len.skv[b];
+        std::vector<Tile> tiles;
+        p.tiles(b, h, tiles);
+        if (tiles.empty()) continue;
+        const at::Tensor keys = p.keys(p.kFlat, b, h, 0, skv), values = p.keys(p.vFlat, b, h, 0, skv);
         at::Tensor dK = at::zeros({skv, g.D}, keys.options()), dV = at::zeros({skv, g.Dv}, keys.options());
-        for (int64_t i0 = 0; i0 < sq; i0 += p.tileRows(b)) {
-          const int64_t rows = std::min(p.tileRows(b), sq - i0);
-          const at::Tensor qf = p.queries(p.qFlat, p.qRows, b, n0, i0, rows).to(at::kFloat);
-          const at::Tensor dof = p.queries(doFlat, p.qRows, b, n0, i0, rows).to(at::kFloat);
-          at::Tensor masked;
-          at::Tensor s = p.scores(qf, keys, b, n0, i0, rows, &masked);
-          if (maxFlat.defined()) {
-            const int64_t first = statRows.at(b, n0, i0 + p.len.qStart[b]);
-            s.sub_(strided(maxFlat, first, {G, rows}, {statRows.head, statRows.seq})).exp_();
-            s.div_(strided(sumFlat, first, {G, rows}, {statRows.head, statRows.seq}));
-          } else {
-            at::Tensor m = s.amax(-1, true);
-            m.masked_fill_(at::isneginf(m), 0.0);
-            s.sub_(m).exp_();
-            s.div_(s.sum(-1, true).clamp_min(std::numeric_limits<float>::min()));
-          }
-          if (masked.defined()) s.masked_fill_(masked, 0.0);
-          const at::Tensor o = outFlat.defined() ? p.queries(outFlat, p.qRows, b, n0, i0, rows).to(at::kFloat)
-                                                 : at::matmul(s, values);
-          dV.add_(at::matmul(s.transpose(1, 2), dof).sum(0));
-          const at::Tensor rowDot = dof.mul(o).sum(-1, true);
-          at::Tensor ds = at::matmul(dof, values.t()).sub_(rowDot).mul_(s);  // dS (of the scaled scores)
+        for (const Tile& t : tiles) {
+          const int64_t width = t.end - t.begin, rows = G * t.rows;
+          const at::Tensor k = keys.narrow(0, t.begin, width), vv = values.narrow(0, t.begin, width);
+          // The queries times the scale: the scores are qs k^T, and dk = dS^T qs.
+          const at::Tensor qs = p.queries(p.qFlat, t).to(at::kFloat).mul(p.scale).reshape({rows, g.D});
+          const at::Tensor dof = p.queries(doFlat, t).to(at::kFloat).reshape({rows, g.Dv});
+          at::Tensor probs = p.scores(t, qs, k);
+          float* pp = probs.mutable_data_ptr<float>();
+          const float* mp = maxes.defined() ? maxes.const_data_ptr<float>() : nullptr;
+          const float* sp = sums.defined() ? sums.const_data_ptr<float>() : nullptr;
+          p.eachRow(t, [&](int64_t row, int64_t n, int64_t i, int64_t lo, int64_t hi, const uint8_t* mask) {
+            float* pr = pp + row * width;
+            if (mp != nullptr) {  // P = exp(s - softmax_max) / softmax_sum, from the forward
+              const int64_t at = statRows.at(b, n, i + p.len.qStart[b]);
+              if (mp[at] == -std::numeric_limits<float>::infinity()) {
+                std::fill(pr, pr + width, 0.0f);
+              } else {
+                expRow(pr, width, lo, hi, mask, mp[at], 1.0f / sp[at]);
+              }
+              return;
+            }
+            const float m = keptMax(pr, lo, hi, mask);
+            if (m == -std::numeric_limits<float>::infinity()) {
+              std::fill(pr, pr + width, 0.0f);
+              return;
+            }
+            const float inv = 1.0f / expRow(pr, width, lo, hi, mask, m, 1.0f);
+            for (int64_t j = lo; j <= hi; ++j) pr[j] *= inv;
+          });
+          const at::Tensor o = outFlat.defined() ? p.queries(outFlat, t).to(at::kFloat).reshape({rows, g.Dv})
+                                                 : at::mm(probs, vv);
+          dV.narrow(0, t.begin, width).addmm_(probs.t(), dof);
+          // dS = P * (dO v^T - rowsum(dO * O)): the gradient of the scaled scores
+          at::Tensor ds = at::mm(dof, vv.t()).sub_(dof.mul(o).sum(-1, true)).mul_(probs);
           if (dbias.defined()) {
             at::Tensor target = dbias.select(0, dbias.size(0) == 1 ? 0 : b);
-            at::Tensor part = ds;
-            if (target.size(0) == 1) part = part.sum(0, true); else target = target.narrow(0, n0, G);
-            if (target.size(1) == 1) part = part.sum(1, true); else target = target.narrow(1, i0, rows);
-            if (target.size(2) == 1) part = part.sum(2, true); else target = target.narrow(2, 0, skv);
+            at::Tensor part = ds.view({G, t.rows, width});
+            if (target.size(0) == 1) part = part.sum(0, true); else target = target.narrow(0, t.n0, G);
+            if (target.size(1) == 1) part = part.sum(1, true); else target = target.narrow(1, t.i0, t.rows);
+            if (target.size(2) == 1) part = part.sum(2, true); else target = target.narrow(2, t.begin, width);
             target.add_(part);
           }
-          ds.mul_(p.scale);
-          strided(dqFlat, p.qRows.at(b, n0, i0 + p.len.qStart[b]), {G, rows}, {p.qRows.head, p.qRows.seq})
-              .copy_(at::matmul(ds, keys));
-          dK.add_(at::matmul(ds.transpose(1, 2), qf).sum(0));
+          strided(dqFlat, p.qRows.at(b, t.n0, t.i0 + p.len.qStart[b]), {G, t.rows}, {p.qRows.head, p.qRows.seq})
+              .copy_(at::mm(ds, k).mul_(p.scale).view({G, t.rows, g.D}));
+          dK.narrow(0, t.begin, width).addmm_(ds.t(), qs);
         }
         const int64_t first = p.kvRows.at(b, h, p.len.kvStart[b]);
         strided(dkFlat, first, {skv}, {p.kvRows.seq}).copy_(dK);
