@@ -124,6 +124,9 @@ def attention_cases(seq):
     leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
     out = attend(*leaves, causal)
     dy = torch.randn_like(out)
+    # the statistics and output of the forward, as MindSpeed passes them to the grad op
+    _, softmax_max, softmax_sum, _, *_ = torch_npu.npu_fusion_attention(
+        *(t.detach() for t in leaves), heads, "BNSD", scale=scale, sparse_mode=2)
     return [
         ("prompt_flash_attn", lambda: torch_npu.npu_prompt_flash_attention(
             q, k, v, num_heads=heads, num_key_value_heads=kv_heads, input_layout="BNSD", scale_value=scale,
@@ -138,7 +141,8 @@ def attention_cases(seq):
             new_k, new_k, key_cache.view(blocks, block, kv_heads, d), value_cache.view(blocks, block, kv_heads, d),
             flat_slots, cache_mode="Norm"), scatter_composed),
         ("fusion_attn_grad", lambda: torch_npu.npu_fusion_attention_grad(
-            *(t.detach() for t in leaves), dy, heads, "BNSD", scale_value=scale, sparse_mode=2),
+            *(t.detach() for t in leaves), dy, heads, "BNSD", scale_value=scale, sparse_mode=2,
+            softmax_max=softmax_max, softmax_sum=softmax_sum, attention_in=out.detach()),
          lambda: torch.autograd.grad(out, leaves, dy, retain_graph=True)),
     ]
 

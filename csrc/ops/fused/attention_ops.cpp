@@ -4,14 +4,15 @@
 // npu_gather_pa_kv_cache (the paged KV cache) and npu_fusion_attention_grad (the
 // backward of npu_fusion_attention, torch_npu/_attention.py).
 //
-// One attention core serves them all. A problem is a set of (batch, kv head)
-// tasks, run in parallel; each takes its group of query heads (GQA: the query
-// heads n of kv head n / (N / KVN)) in tiles of query rows, computes the scores
-// with one float32 matmul, masks them (atten_mask, the sparse mode's geometry,
-// the actual lengths), applies the softmax and multiplies by V: the full score
-// matrix never exists. Where a row of a tensor lies is an affine function of
-// (batch, head, position) for each layout (Rows), or the block table's mapping
-// for a paged cache, so no layout is ever transposed in memory.
+// One attention core serves them all. The work is tiles: query rows of one batch
+// for the group of query heads of one kv head (GQA: consecutive query heads share
+// a kv head), each over only the keys its rows can see (the sparse mode's
+// geometry, the band, the actual lengths). A tile takes one float32 matmul for
+// its scores, one pass per row for the maximum and one for exp and the sum
+// (atten_mask applied there), and one matmul by V: the full score matrix never
+// exists. Where a row of a tensor lies is an affine
+// function of (batch, head, position) for each layout (Rows), or the block
+// table's mapping for a paged cache, so no layout is ever transposed in memory.
 //
 // The kernels are boxed: these operators have up to 45 arguments, most of them
 // quantization options the npu refuses; the kernels read arguments by name and
@@ -23,10 +24,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
-#include <ATen/ops/isneginf.h>
-#include <ATen/ops/matmul.h>
 #include <ATen/ops/mm.h>
-#include <ATen/ops/maximum.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
@@ -66,6 +64,8 @@ auto onHost(const char* op, std::initializer_list<std::reference_wrapper<const a
 }
 
 constexpr int64_t kNoBand = 2147483647;
+// At most this many query rows per tile: causal tiles then skip about half the keys.
+constexpr int64_t kTileRows = 64;
 
 // ---- boxed arguments ---------------------------------------------------------------
 
@@ -582,7 +582,7 @@ struct Problem {
   void tiles(int64_t b, int64_t h, std::vector<Tile>& out) const {
     const int64_t sq = len.sq[b], skv = len.skv[b];
     if (sq == 0 || skv == 0) return;
-    const int64_t step = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, group() * skv));
+    const int64_t step = std::clamp<int64_t>((int64_t{1} << 18) / std::max<int64_t>(1, group() * skv), 1, kTileRows);
     for (int64_t i0 = 0; i0 < sq; i0 += step) {
       Tile t{b, h, h * group(), i0, std::min(step, sq - i0), 0, 0};
       int64_t lo, hi, lastLo, lastHi;
