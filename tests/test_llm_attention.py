@@ -623,6 +623,36 @@ def test_compile_fullgraph_traces_each_op_and_matches_eager():
     torch.testing.assert_close(cache.cpu(), expected)  # the compiled graph mutated the caller's cache
 
 
+def test_compile_with_dynamic_shapes_traces_the_serving_calls():
+    """vllm compiles with the token count dynamic: the meta kernels work on symbolic shapes."""
+    torch.manual_seed(0)
+    kc, vc = torch.randn(6, 16, KVN * D).half().npu(), torch.randn(6, 16, KVN * D).half().npu()
+    table = torch.tensor([[0, 3], [5, 1]], dtype=torch.int32).npu()
+
+    def serve(q, k, v, new_k, slots, q_ends):
+        cache = kc.view(6, 16, KVN, D).clone()
+        torch_npu.npu_scatter_pa_kv_cache(new_k, new_k, cache, cache.clone(), slots, cache_mode="Norm")
+        decode, lse = torch_npu.npu_fused_infer_attention_score(
+            q, kc, vc, block_table=table, block_size=16, input_layout="TND", actual_seq_lengths=q_ends,
+            actual_seq_lengths_kv=[20, 25], num_heads=N, num_key_value_heads=KVN, atten_mask=COMPRESSED.npu(),
+            sparse_mode=3, softmax_lse_flag=True)
+        prefill = torch_npu.npu_prompt_flash_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), num_heads=N,
+                                                       num_key_value_heads=KVN, input_layout="BSND")
+        grads = torch_npu.npu_fusion_attention_grad(q.float(), k.float(), v.float(), q.float(), N, "TND",
+                                                    actual_seq_qlen=q_ends, actual_seq_kvlen=q_ends)
+        return decode, lse, prefill, grads[0], grads[1], cache
+
+    compiled = torch.compile(serve, backend="aot_eager", dynamic=True, fullgraph=True)
+    for tokens in (5, 9):
+        q, k, v = (torch.randn(tokens, n, D).half().npu() for n in (N, KVN, KVN))
+        new_k = torch.randn(tokens, KVN, D).half().npu()
+        slots = torch.arange(tokens).npu()
+        args = (q, k, v, new_k, slots, [2, tokens])
+        for e, c in zip(serve(*args), compiled(*args)):
+            assert c.shape == e.shape and c.dtype == e.dtype
+            torch.testing.assert_close(c.cpu(), e.cpu())
+
+
 # ---- end to end: a tiny decoder served from a paged KV cache -----------------------------------------------
 
 @pytest.mark.parametrize("engine", ["pfa_ifa", "fused_infer"])

@@ -729,7 +729,41 @@ std::tuple<at::Tensor, at::Tensor> attentionForward(Request& r) {
   });
 }
 
+bool symbolic(const at::Tensor& t) {
+  return t.defined() && t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+}
+
+// A size that is static in a model (heads, head size): a symbolic one is specialised.
+int64_t staticSize(const at::Tensor& t, int64_t dim) { return t.sym_size(dim).guard_int(__FILE__, __LINE__); }
+
+// The result shapes when torch.compile traces with dynamic shapes (batch or tokens
+// symbolic): query's shape with value's head size, from the symbolic sizes. The head
+// counts and sizes are static in a model; the checks wait for the kernel.
+std::tuple<at::Tensor, at::Tensor> attentionForwardSymbolic(const Request& r) {
+  std::vector<c10::SymInt> q(r.q.sym_sizes().begin(), r.q.sym_sizes().end());
+  const c10::SymInt heads = r.heads;
+  const int64_t kvHeads = r.kvHeads == 0 ? r.heads : r.kvHeads;
+  c10::SymInt dv;
+  if (r.blockTable.defined()) {
+    dv = r.v.dim() == 3 ? r.v.sym_size(2) / kvHeads : r.v.sym_size(3);
+  } else {
+    dv = r.in == Layout::BSH || r.in == Layout::SBH ? r.v.sym_size(2) / kvHeads : r.v.sym_size(-1);
+  }
+  std::vector<c10::SymInt> out = q, lse{1};
+  switch (r.in) {
+    case Layout::BSH:
+    case Layout::SBH: out[2] = heads * dv; lse = {q[0], heads, q[1], 1}; break;
+    case Layout::BSND: out[3] = dv; lse = {q[0], heads, q[1], 1}; break;
+    case Layout::BNSD: out[3] = dv; lse = {q[0], heads, q[2], 1}; break;
+    case Layout::TND: out[2] = dv; lse = {q[0], heads, 1}; break;
+  }
+  if (r.in == Layout::BNSD && r.out == Layout::BSND) out = {q[0], q[2], q[1], dv};
+  if (!r.wantLse) lse = {1};
+  return {at::empty_symint(out, r.q.options()), at::empty_symint(lse, r.q.options().dtype(at::kFloat))};
+}
+
 std::tuple<at::Tensor, at::Tensor> attentionForwardMeta(Request& r) {
+  if (symbolic(r.q) || symbolic(r.k) || symbolic(r.v)) return attentionForwardSymbolic(r);
   Geometry g = describe(r);
   return {at::empty(g.outShape, r.q.options()), at::empty(g.lseShape, r.q.options().dtype(at::kFloat))};
 }
@@ -774,7 +808,8 @@ void checkSparse(Request& r, std::initializer_list<int64_t> allowed) {
               "1 full atten_mask, 2 causal top-left, 3 causal bottom-right, 4 band)");
   if (r.sparse >= 2 && r.sparse <= 4) {
     const at::Tensor& m = r.mask;
-    const bool compressed = m.defined() && m.dim() >= 2 && m.size(-1) == 2048 && m.size(-2) == 2048 && m.numel() == 2048 * 2048;
+    const bool compressed = m.defined() && m.dim() >= 2 && m.sym_size(-1) == 2048 && m.sym_size(-2) == 2048 &&
+                            m.sym_numel() == 2048 * 2048;
     TORCH_CHECK(compressed, "npu::", r.op, ": sparse_mode ", r.sparse, " needs atten_mask as the compressed "
                 "lower-triangular pattern of shape (2048, 2048), (1, 2048, 2048) or (1, 1, 2048, 2048)",
                 m.defined() ? ", got " : "", m.defined() ? c10::str(m.sizes()) : std::string());
@@ -929,9 +964,11 @@ void increKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   Args a(op, stack);
   Request r = increRequest(a);
   if (!Meta) readLengths(r, a, nullptr, "actual_seq_lengths");
-  const Geometry g = describe(r);
-  TORCH_CHECK(g.Sq == 1, "npu::", r.op, ": decodes one query per sequence (query's S must be 1, got ", g.Sq,
-              "); use npu_prompt_flash_attention or npu_fused_infer_attention_score for more");
+  if (!symbolic(r.q)) {
+    const Geometry g = describe(r);
+    TORCH_CHECK(g.Sq == 1, "npu::", r.op, ": decodes one query per sequence (query's S must be 1, got ", g.Sq,
+                "); use npu_prompt_flash_attention or npu_fused_infer_attention_score for more");
+  }
   a.finish(std::get<0>(Meta ? attentionForwardMeta(r) : attentionForward(r)));
 }
 
@@ -941,6 +978,7 @@ std::tuple<at::Tensor, at::Tensor> fusedInfer(const Args& a) {
   if (!Meta) {
     readLengths(r, a, V2 ? "actual_seq_qlen" : "actual_seq_lengths", V2 ? "actual_seq_kvlen" : "actual_seq_lengths_kv");
   }
+  if (Meta && (symbolic(r.q) || symbolic(r.k) || symbolic(r.v))) return attentionForwardSymbolic(r);
   Request probe = r;
   asDecode(r, describe(probe));
   if (r.decodeMaskShapes && r.in != Layout::TND) r.qLens.reset();  // decode: the query lengths do not apply
@@ -974,7 +1012,7 @@ template <bool Meta, bool V2>
 void fusedInferWorkspaceKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   Args a(op, stack);
   Request r = V2 ? fusedInferV2Request(a) : fusedInferRequest(a);
-  describe(r);
+  if (!symbolic(r.q) && !symbolic(r.k)) describe(r);
   a.finish(at::empty({0}, r.q.options().dtype(at::kByte)));
 }
 
@@ -1032,12 +1070,18 @@ void fusionAttentionGradKernelImpl(Args& a, bool meta) {
   if (r.in == Layout::BSH || r.in == Layout::SBH) {
     TORCH_CHECK(r.q.dim() == 3 && r.k.dim() == 3, "npu::", r.op, ": query and key must be 3-dimensional in layout ",
                 layoutName(r.in), ", got ", r.q.sizes(), " and ", r.k.sizes());
-    TORCH_CHECK(r.heads > 0 && r.q.size(2) % r.heads == 0, "npu::", r.op, ": query's hidden size ", r.q.size(2),
+    const int64_t hidden = staticSize(r.q, 2);
+    TORCH_CHECK(r.heads > 0 && hidden % r.heads == 0, "npu::", r.op, ": query's hidden size ", hidden,
                 " is not a multiple of head_num ", r.heads);
-    const int64_t d = r.q.size(2) / r.heads;
-    r.kvHeads = r.k.size(2) / d;
+    r.kvHeads = staticSize(r.k, 2) / (hidden / r.heads);
   } else {
-    r.kvHeads = r.k.dim() >= 3 ? r.k.size(r.in == Layout::BSND ? 2 : 1) : 0;
+    r.kvHeads = r.k.dim() >= 3 ? staticSize(r.k, r.in == Layout::BSND ? 2 : 1) : 0;
+  }
+  if (meta && (symbolic(r.q) || symbolic(r.k) || symbolic(r.v))) {  // dynamic shapes: the inputs' shapes
+    const at::Tensor dpse = r.pse.defined() ? at::empty_symint(r.pse.sym_sizes(), r.pse.options()) : at::Tensor();
+    a.finish(at::empty_symint(r.q.sym_sizes(), r.q.options()), at::empty_symint(r.k.sym_sizes(), r.k.options()),
+             at::empty_symint(r.v.sym_sizes(), r.v.options()), dpse, at::empty({0}, r.k.options().dtype(at::kFloat)));
+    return;
   }
   const Geometry g = describe(r);
   TORCH_CHECK(dy.sizes() == r.q.sizes() && g.Dv == g.D, "npu::", r.op, ": dy must have query's shape ", r.q.sizes(),
@@ -1252,6 +1296,10 @@ void scatterKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   a.refuse(name, {"compress_lens", "compress_seq_offsets", "seq_lens"}, "the compressed cache (4-D key/value)");
   const at::Tensor key = a.tensor("key"), value = a.tensor("value"), keyCache = a.tensor("key_cache"),
                    valueCache = a.tensor("value_cache"), slots = a.tensor("slot_mapping");
+  if (Meta && (symbolic(key) || symbolic(value) || symbolic(keyCache) || symbolic(valueCache) || symbolic(slots))) {
+    a.finish();  // dynamic shapes: nothing to infer, the kernel checks
+    return;
+  }
   const std::string modeName = a.str("cache_mode");
   TORCH_CHECK(modeName.empty() || modeName == "Norm" || modeName == "PA_NZ", "npu::", name, ": cache_mode must be "
               "'PA_NZ' or 'Norm' (or None), got '", modeName, "'");
@@ -1369,8 +1417,12 @@ void gatherKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const char* name = Functional ? "npu_gather_pa_kv_cache_functional" : "npu_gather_pa_kv_cache";
   at::Tensor key = a.tensor("key"), value = a.tensor("value");
   if (Functional) {
-    key = Meta ? at::empty(key.sizes(), key.options()) : key.clone();
-    value = Meta ? at::empty(value.sizes(), value.options()) : value.clone();
+    key = Meta ? at::empty_symint(key.sym_sizes(), key.options()) : key.clone();
+    value = Meta ? at::empty_symint(value.sym_sizes(), value.options()) : value.clone();
+  }
+  if (Meta && (symbolic(key) || symbolic(a.tensor("key_cache")) || symbolic(a.tensor("block_tables")))) {
+    if (Functional) a.finish(std::move(key), std::move(value)); else a.finish();  // dynamic shapes: the kernel checks
+    return;
   }
   gatherInto(name, a.tensor("key_cache"), a.tensor("value_cache"), a.tensor("block_tables"), a.tensor("seq_lens"), key,
              value, a.tensor("seq_offset"), a.flag("is_seq_lens_cumsum"), !Meta);
@@ -1382,8 +1434,8 @@ void scatterFunctionalKernel(const c10::OperatorHandle& op, torch::jit::Stack* s
   // The functional form: the same checks and copies, on clones of the caches.
   Args a(op, stack);
   at::Tensor keyCache = a.tensor("key_cache"), valueCache = a.tensor("value_cache");
-  keyCache = Meta ? at::empty(keyCache.sizes(), keyCache.options()) : keyCache.clone();
-  valueCache = Meta ? at::empty(valueCache.sizes(), valueCache.options()) : valueCache.clone();
+  keyCache = Meta ? at::empty_symint(keyCache.sym_sizes(), keyCache.options()) : keyCache.clone();
+  valueCache = Meta ? at::empty_symint(valueCache.sym_sizes(), valueCache.options()) : valueCache.clone();
   static const c10::OperatorHandle inplace =
       c10::Dispatcher::singleton().findSchemaOrThrow("npu::npu_scatter_pa_kv_cache", "");
   torch::jit::Stack call{a.tensor("key"), a.tensor("value"), keyCache, valueCache, a.tensor("slot_mapping"),
