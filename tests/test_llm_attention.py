@@ -623,6 +623,42 @@ def test_compile_fullgraph_traces_each_op_and_matches_eager():
     torch.testing.assert_close(cache.cpu(), expected)  # the compiled graph mutated the caller's cache
 
 
+def opcheck_cases():
+    torch.manual_seed(0)
+    q, k = rand(B, N, 8, D).npu(), rand(B, KVN, 8, D).npu()
+    kc, vc, table = (t.npu() for t in paged(k.cpu(), k.cpu(), [8, 5], 16))
+    tokens, cache = torch.randn(3, KVN, D).npu(), torch.zeros(2, 16, KVN, D).npu()
+    mask = COMPRESSED.npu()
+    return {
+        "npu_prompt_flash_attention": ((q, k, k), dict(num_heads=N, num_key_value_heads=KVN, input_layout="BNSD")),
+        "npu_incre_flash_attention": ((q[:, :, :1].reshape(B, 1, -1), kc, vc),
+                                      dict(block_table=table, block_size=16, actual_seq_lengths=[8, 5], num_heads=N,
+                                           num_key_value_heads=KVN)),
+        "npu_fused_infer_attention_score": ((q, k, k), dict(num_heads=N, num_key_value_heads=KVN, input_layout="BNSD",
+                                                            atten_mask=mask, sparse_mode=3, softmax_lse_flag=True)),
+        "npu_fused_infer_attention_score_v2": ((q, k, k), dict(num_query_heads=N, num_key_value_heads=KVN,
+                                                               input_layout="BNSD_BSND", return_softmax_lse=True)),
+        "npu_fusion_attention_grad": ((q.float(), k.float(), k.float(), q.float(), N, "BNSD"), dict(scale_value=0.3)),
+        "npu_scatter_pa_kv_cache": ((tokens, tokens, cache, cache.clone(), torch.tensor([0, 3, 17]).npu()),
+                                    dict(cache_mode="Norm")),
+        "npu_scatter_pa_kv_cache_functional": ((tokens, tokens, cache, cache.clone(), torch.tensor([0, 3, 17]).npu()),
+                                               dict(cache_mode="Norm")),
+        "npu_gather_pa_kv_cache": ((cache, cache, torch.tensor([[1], [0]], dtype=torch.int32).npu(),
+                                    torch.tensor([2, 1]).npu(), torch.zeros_like(tokens), torch.zeros_like(tokens)), {}),
+        "npu_gather_pa_kv_cache_functional": ((cache, cache, torch.tensor([[1], [0]], dtype=torch.int32).npu(),
+                                               torch.tensor([2, 1]).npu(), torch.zeros_like(tokens),
+                                               torch.zeros_like(tokens)), {}),
+    }
+
+
+@pytest.mark.parametrize("name", list(opcheck_cases()))
+def test_opcheck_schema_fake_and_aot_dispatch(name):
+    args, kwargs = opcheck_cases()[name]
+    torch.library.opcheck(getattr(torch.ops.npu, name).default, args, kwargs,
+                          test_utils=["test_schema", "test_faketensor", "test_aot_dispatch_static",
+                                      "test_aot_dispatch_dynamic"])
+
+
 def test_compile_with_dynamic_shapes_traces_the_serving_calls():
     """vllm compiles with the token count dynamic: the meta kernels work on symbolic shapes."""
     torch.manual_seed(0)
