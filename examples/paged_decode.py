@@ -6,11 +6,14 @@ keeps each layer's keys and values in blocks of 16 tokens
 (``npu_scatter_pa_kv_cache``, blocks handed out in a shuffled order); the prompt
 is prefilled with ``npu_prompt_flash_attention`` (or ``npu_fused_infer_attention_score``),
 then each new token is decoded with ``npu_incre_flash_attention`` (or the fused
-infer op) reading the cache through the block table. The same model with dense
+infer op) reading the cache through the block table. The "vllm_ascend" engine
+calls the fused infer op for both as vllm-ascend does: tokens packed (layout
+TND, cumulative query ends), keys read from the paged cache with each
+sequence's length, causal (sparse_mode 3). The same model with dense
 attention (the plain composition softmax(q k^T / sqrt(d) + causal) v, keys and
 values concatenated) generates the same tokens greedily.
 
-    python examples/paged_decode.py [--engine pfa_ifa|fused_infer] [--tokens 24]
+    python examples/paged_decode.py [--engine pfa_ifa|fused_infer|vllm_ascend] [--tokens 24]
 """
 import argparse
 import math
@@ -129,6 +132,14 @@ class PagedAttention:
         torch_npu.npu_scatter_pa_kv_cache(k.reshape(b * s, KV_HEADS, HEAD_DIM), v.reshape(b * s, KV_HEADS, HEAD_DIM),
                                           key_cache, value_cache, self.slots, cache_mode="Norm")
         scale = 1 / math.sqrt(HEAD_DIM)
+        flat = dict(key=key_cache.view(NUM_BLOCKS, BLOCK_SIZE, -1), value=value_cache.view(NUM_BLOCKS, BLOCK_SIZE, -1))
+        if self.engine == "vllm_ascend":  # prefill and decode alike: packed tokens over the paged cache
+            out, _ = torch_npu.npu_fused_infer_attention_score(
+                q.reshape(b * s, HEADS, HEAD_DIM), flat["key"], flat["value"], input_layout="TND",
+                block_table=self.block_table(), block_size=BLOCK_SIZE,
+                actual_seq_lengths=[s * (i + 1) for i in range(b)], actual_seq_lengths_kv=self.lengths,
+                num_heads=HEADS, num_key_value_heads=KV_HEADS, scale=scale, atten_mask=self.mask, sparse_mode=3)
+            return out.view(b, s, HEADS, HEAD_DIM)
         if s > 1:  # prefill: attention over the prompt itself, causal
             if self.engine == "pfa_ifa":
                 return torch_npu.npu_prompt_flash_attention(
@@ -138,7 +149,6 @@ class PagedAttention:
                 q, k, v, num_heads=HEADS, num_key_value_heads=KV_HEADS, input_layout="BSND", scale=scale,
                 atten_mask=self.mask, sparse_mode=3)[0]
         # decode: one query per sequence over its blocks, [blocks, block_size, H] caches
-        flat = dict(key=key_cache.view(NUM_BLOCKS, BLOCK_SIZE, -1), value=value_cache.view(NUM_BLOCKS, BLOCK_SIZE, -1))
         q = q.reshape(b, 1, HEADS * HEAD_DIM)
         if self.engine == "pfa_ifa":
             out = torch_npu.npu_incre_flash_attention(
@@ -179,7 +189,7 @@ def compare(engine="pfa_ifa", new_tokens=24, seed=0):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engine", choices=["pfa_ifa", "fused_infer"], default="pfa_ifa")
+    parser.add_argument("--engine", choices=["pfa_ifa", "fused_infer", "vllm_ascend"], default="pfa_ifa")
     parser.add_argument("--tokens", type=int, default=24)
     args = parser.parse_args()
     dense, served = compare(args.engine, args.tokens)

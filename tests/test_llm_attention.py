@@ -691,7 +691,7 @@ def test_compile_with_dynamic_shapes_traces_the_serving_calls():
 
 # ---- end to end: a tiny decoder served from a paged KV cache -----------------------------------------------
 
-@pytest.mark.parametrize("engine", ["pfa_ifa", "fused_infer"])
+@pytest.mark.parametrize("engine", ["pfa_ifa", "fused_infer", "vllm_ascend"])
 def test_paged_decode_generates_the_dense_models_tokens(engine):
     import paged_decode
 
