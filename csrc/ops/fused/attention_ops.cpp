@@ -29,6 +29,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cmath>
 #include <cstring>
@@ -630,6 +631,18 @@ struct Problem {
   }
 };
 
+// Runs work(i) for i in [0, count) on the intra-op threads, each taking the next item
+// when it is free: items of unequal cost (causal tiles) and a core busy with other
+// work still balance (at::parallel_for splits the range evenly up front).
+template <class Work>
+void eachInParallel(int64_t count, bool parallel, Work work) {
+  std::atomic<int64_t> next{0};
+  const int64_t workers = parallel ? std::min<int64_t>(count, at::get_num_threads()) : 1;
+  at::parallel_for(0, std::max<int64_t>(workers, 1), 1, [&](int64_t, int64_t) {
+    for (int64_t i = next++; i < count; i = next++) work(i);
+  });
+}
+
 // The host-side setup shared by the forward and backward kernels.
 void prepare(Problem& p, const Request& r, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
              const at::Tensor& table, const at::Tensor& pse) {
@@ -694,35 +707,37 @@ std::tuple<at::Tensor, at::Tensor> attentionForward(Request& r) {
     for (int64_t b = 0; b < g.B; ++b) {
       for (int64_t h = 0; h < g.KVN; ++h) p.tiles(b, h, work);
     }
+    // the costliest tiles first, so the last ones to finish are short
+    std::stable_sort(work.begin(), work.end(), [](const Tile& x, const Tile& y) {
+      return x.rows * (x.end - x.begin) > y.rows * (y.end - y.begin);
+    });
     const int64_t G = p.group();
-    at::parallel_for(0, static_cast<int64_t>(work.size()), 1, [&](int64_t begin, int64_t end) {
-      for (int64_t w = begin; w < end; ++w) {
-        const Tile& t = work[w];
-        const int64_t width = t.end - t.begin;
-        const at::Tensor keys = p.keys(p.kFlat, t.b, t.kvHead, t.begin, t.end);
-        const at::Tensor values = p.keys(p.vFlat, t.b, t.kvHead, t.begin, t.end);
-        const at::Tensor qs = p.queries(p.qFlat, t).to(at::kFloat).mul(p.scale).reshape({G * t.rows, g.D});
-        at::Tensor s = p.scores(t, qs, keys);
-        float* sp = s.mutable_data_ptr<float>();
-        p.eachRow(t, [&](int64_t row, int64_t n, int64_t i, int64_t lo, int64_t hi, const uint8_t* mask) {
-          float* sr = sp + row * width;
-          float m = keptMax(sr, lo, hi, mask);
-          if (sinkPtr) m = std::max(m, sinkPtr[n]);  // the sink is one more logit of the row
-          if (m == -std::numeric_limits<float>::infinity()) {  // the row sees no key
-            std::fill(sr, sr + width, 0.0f);
-            return;
-          }
-          // exps first, then the row divided by their sum (the sink's exp included)
-          float sum = expRow(sr, width, lo, hi, mask, m, 1.0f);
-          if (sinkPtr) sum += std::exp(sinkPtr[n] - m);
-          const float inv = 1.0f / sum;
-          for (int64_t j = lo; j <= hi; ++j) sr[j] *= inv;
-          lsePtr[lseRows.at(t.b, n, i + p.len.qStart[t.b])] = m + std::log(sum);
-        });
-        const at::Tensor o = at::mm(s, values);  // [G * rows, Dv]
-        strided(outFlat, outRows.at(t.b, t.n0, t.i0 + p.len.qStart[t.b]), {G, t.rows}, {outRows.head, outRows.seq})
-            .copy_(o.view({G, t.rows, g.Dv}));
-      }
+    eachInParallel(static_cast<int64_t>(work.size()), true, [&](int64_t w) {
+      const Tile& t = work[w];
+      const int64_t width = t.end - t.begin;
+      const at::Tensor keys = p.keys(p.kFlat, t.b, t.kvHead, t.begin, t.end);
+      const at::Tensor values = p.keys(p.vFlat, t.b, t.kvHead, t.begin, t.end);
+      const at::Tensor qs = p.queries(p.qFlat, t).to(at::kFloat).mul(p.scale).reshape({G * t.rows, g.D});
+      at::Tensor s = p.scores(t, qs, keys);
+      float* sp = s.mutable_data_ptr<float>();
+      p.eachRow(t, [&](int64_t row, int64_t n, int64_t i, int64_t lo, int64_t hi, const uint8_t* mask) {
+        float* sr = sp + row * width;
+        float m = keptMax(sr, lo, hi, mask);
+        if (sinkPtr) m = std::max(m, sinkPtr[n]);  // the sink is one more logit of the row
+        if (m == -std::numeric_limits<float>::infinity()) {  // the row sees no key
+          std::fill(sr, sr + width, 0.0f);
+          return;
+        }
+        // exps first, then the row divided by their sum (the sink's exp included)
+        float sum = expRow(sr, width, lo, hi, mask, m, 1.0f);
+        if (sinkPtr) sum += std::exp(sinkPtr[n] - m);
+        const float inv = 1.0f / sum;
+        for (int64_t j = lo; j <= hi; ++j) sr[j] *= inv;
+        lsePtr[lseRows.at(t.b, n, i + p.len.qStart[t.b])] = m + std::log(sum);
+      });
+      const at::Tensor o = at::mm(s, values);  // [G * rows, Dv]
+      strided(outFlat, outRows.at(t.b, t.n0, t.i0 + p.len.qStart[t.b]), {G, t.rows}, {outRows.head, outRows.seq})
+          .copy_(o.view({G, t.rows, g.Dv}));
     });
     at::Tensor lseOut = r.wantLse ? lse.view(g.lseShape) : at::zeros({1}, q.options().dtype(at::kFloat));
     return std::make_tuple(output(out), output(lseOut));
@@ -1133,64 +1148,62 @@ void fusionAttentionGradKernelImpl(Args& a, bool meta) {
     // Tasks (batch, kv head) own their rows of dk and dv. dpse sums over the batches or heads
     // pse is broadcast over: then the tasks run one at a time.
     const bool sharedBias = dbias.defined() && ((dbias.size(0) == 1 && g.B > 1) || dbias.size(1) != g.N);
-    at::parallel_for(0, g.B * g.KVN, sharedBias ? g.B * g.KVN : 1, [&](int64_t begin, int64_t end) {
-      for (int64_t task = begin; task < end; ++task) {
-        const int64_t b = task / g.KVN, h = task % g.KVN, skv = p.len.skv[b];
-        std::vector<Tile> tiles;
-        p.tiles(b, h, tiles);
-        if (tiles.empty()) continue;
-        const at::Tensor keys = p.keys(p.kFlat, b, h, 0, skv), values = p.keys(p.vFlat, b, h, 0, skv);
-        at::Tensor dK = at::zeros({skv, g.D}, keys.options()), dV = at::zeros({skv, g.Dv}, keys.options());
-        for (const Tile& t : tiles) {
-          const int64_t width = t.end - t.begin, rows = G * t.rows;
-          const at::Tensor k = keys.narrow(0, t.begin, width), vv = values.narrow(0, t.begin, width);
-          // The queries times the scale: the scores are qs k^T, and dk = dS^T qs.
-          const at::Tensor qs = p.queries(p.qFlat, t).to(at::kFloat).mul(p.scale).reshape({rows, g.D});
-          const at::Tensor dof = p.queries(doFlat, t).to(at::kFloat).reshape({rows, g.Dv});
-          at::Tensor probs = p.scores(t, qs, k);
-          float* pp = probs.mutable_data_ptr<float>();
-          const float* mp = maxes.defined() ? maxes.const_data_ptr<float>() : nullptr;
-          const float* sp = sums.defined() ? sums.const_data_ptr<float>() : nullptr;
-          p.eachRow(t, [&](int64_t row, int64_t n, int64_t i, int64_t lo, int64_t hi, const uint8_t* mask) {
-            float* pr = pp + row * width;
-            if (mp != nullptr) {  // P = exp(s - softmax_max) / softmax_sum, from the forward
-              const int64_t at = statRows.at(b, n, i + p.len.qStart[b]);
-              if (mp[at] == -std::numeric_limits<float>::infinity()) {
-                std::fill(pr, pr + width, 0.0f);
-              } else {
-                expRow(pr, width, lo, hi, mask, mp[at], 1.0f / sp[at]);
-              }
-              return;
-            }
-            const float m = keptMax(pr, lo, hi, mask);
-            if (m == -std::numeric_limits<float>::infinity()) {
+    eachInParallel(g.B * g.KVN, !sharedBias, [&](int64_t task) {
+      const int64_t b = task / g.KVN, h = task % g.KVN, skv = p.len.skv[b];
+      std::vector<Tile> tiles;
+      p.tiles(b, h, tiles);
+      if (tiles.empty()) return;
+      const at::Tensor keys = p.keys(p.kFlat, b, h, 0, skv), values = p.keys(p.vFlat, b, h, 0, skv);
+      at::Tensor dK = at::zeros({skv, g.D}, keys.options()), dV = at::zeros({skv, g.Dv}, keys.options());
+      for (const Tile& t : tiles) {
+        const int64_t width = t.end - t.begin, rows = G * t.rows;
+        const at::Tensor k = keys.narrow(0, t.begin, width), vv = values.narrow(0, t.begin, width);
+        // The queries times the scale: the scores are qs k^T, and dk = dS^T qs.
+        const at::Tensor qs = p.queries(p.qFlat, t).to(at::kFloat).mul(p.scale).reshape({rows, g.D});
+        const at::Tensor dof = p.queries(doFlat, t).to(at::kFloat).reshape({rows, g.Dv});
+        at::Tensor probs = p.scores(t, qs, k);
+        float* pp = probs.mutable_data_ptr<float>();
+        const float* mp = maxes.defined() ? maxes.const_data_ptr<float>() : nullptr;
+        const float* sp = sums.defined() ? sums.const_data_ptr<float>() : nullptr;
+        p.eachRow(t, [&](int64_t row, int64_t n, int64_t i, int64_t lo, int64_t hi, const uint8_t* mask) {
+          float* pr = pp + row * width;
+          if (mp != nullptr) {  // P = exp(s - softmax_max) / softmax_sum, from the forward
+            const int64_t at = statRows.at(b, n, i + p.len.qStart[b]);
+            if (mp[at] == -std::numeric_limits<float>::infinity()) {
               std::fill(pr, pr + width, 0.0f);
-              return;
+            } else {
+              expRow(pr, width, lo, hi, mask, mp[at], 1.0f / sp[at]);
             }
-            const float inv = 1.0f / expRow(pr, width, lo, hi, mask, m, 1.0f);
-            for (int64_t j = lo; j <= hi; ++j) pr[j] *= inv;
-          });
-          const at::Tensor o = outFlat.defined() ? p.queries(outFlat, t).to(at::kFloat).reshape({rows, g.Dv})
-                                                 : at::mm(probs, vv);
-          dV.narrow(0, t.begin, width).addmm_(probs.t(), dof);
-          // dS = P * (dO v^T - rowsum(dO * O)): the gradient of the scaled scores
-          at::Tensor ds = at::mm(dof, vv.t()).sub_(dof.mul(o).sum(-1, true)).mul_(probs);
-          if (dbias.defined()) {
-            at::Tensor target = dbias.select(0, dbias.size(0) == 1 ? 0 : b);
-            at::Tensor part = ds.view({G, t.rows, width});
-            if (target.size(0) == 1) part = part.sum(0, true); else target = target.narrow(0, t.n0, G);
-            if (target.size(1) == 1) part = part.sum(1, true); else target = target.narrow(1, t.i0, t.rows);
-            if (target.size(2) == 1) part = part.sum(2, true); else target = target.narrow(2, t.begin, width);
-            target.add_(part);
+            return;
           }
-          strided(dqFlat, p.qRows.at(b, t.n0, t.i0 + p.len.qStart[b]), {G, t.rows}, {p.qRows.head, p.qRows.seq})
-              .copy_(at::mm(ds, k).mul_(p.scale).view({G, t.rows, g.D}));
-          dK.narrow(0, t.begin, width).addmm_(ds.t(), qs);
+          const float m = keptMax(pr, lo, hi, mask);
+          if (m == -std::numeric_limits<float>::infinity()) {
+            std::fill(pr, pr + width, 0.0f);
+            return;
+          }
+          const float inv = 1.0f / expRow(pr, width, lo, hi, mask, m, 1.0f);
+          for (int64_t j = lo; j <= hi; ++j) pr[j] *= inv;
+        });
+        const at::Tensor o = outFlat.defined() ? p.queries(outFlat, t).to(at::kFloat).reshape({rows, g.Dv})
+                                               : at::mm(probs, vv);
+        dV.narrow(0, t.begin, width).addmm_(probs.t(), dof);
+        // dS = P * (dO v^T - rowsum(dO * O)): the gradient of the scaled scores
+        at::Tensor ds = at::mm(dof, vv.t()).sub_(dof.mul(o).sum(-1, true)).mul_(probs);
+        if (dbias.defined()) {
+          at::Tensor target = dbias.select(0, dbias.size(0) == 1 ? 0 : b);
+          at::Tensor part = ds.view({G, t.rows, width});
+          if (target.size(0) == 1) part = part.sum(0, true); else target = target.narrow(0, t.n0, G);
+          if (target.size(1) == 1) part = part.sum(1, true); else target = target.narrow(1, t.i0, t.rows);
+          if (target.size(2) == 1) part = part.sum(2, true); else target = target.narrow(2, t.begin, width);
+          target.add_(part);
         }
-        const int64_t first = p.kvRows.at(b, h, p.len.kvStart[b]);
-        strided(dkFlat, first, {skv}, {p.kvRows.seq}).copy_(dK);
-        strided(dvFlat, first, {skv}, {p.kvRows.seq}).copy_(dV);
+        strided(dqFlat, p.qRows.at(b, t.n0, t.i0 + p.len.qStart[b]), {G, t.rows}, {p.qRows.head, p.qRows.seq})
+            .copy_(at::mm(ds, k).mul_(p.scale).view({G, t.rows, g.D}));
+        dK.narrow(0, t.begin, width).addmm_(ds.t(), qs);
       }
+      const int64_t first = p.kvRows.at(b, h, p.len.kvStart[b]);
+      strided(dkFlat, first, {skv}, {p.kvRows.seq}).copy_(dK);
+      strided(dvFlat, first, {skv}, {p.kvRows.seq}).copy_(dV);
     });
     at::Tensor dpseOut;
     if (dbias.defined()) dpseOut = output(dbias.reshape(pse.sizes()).to(pse.scalar_type()));
