@@ -1145,61 +1145,75 @@ void fusionAttentionGradKernelImpl(Args& a, bool meta) {
     at::Tensor dqFlat = dq.view({-1, g.D}), dkFlat = dk.view({-1, g.D}), dvFlat = dv.view({-1, g.Dv});
     at::Tensor dbias = p.pse.defined() ? at::zeros(p.pse.sizes(), p.pse.options()) : at::Tensor();
     const int64_t G = p.group();
-    // Tasks (batch, kv head) own their rows of dk and dv. dpse sums over the batches or heads
-    // pse is broadcast over: then the tasks run one at a time.
-    const bool sharedBias = dbias.defined() && ((dbias.size(0) == 1 && g.B > 1) || dbias.size(1) != g.N);
-    eachInParallel(g.B * g.KVN, !sharedBias, [&](int64_t task) {
-      const int64_t b = task / g.KVN, h = task % g.KVN, skv = p.len.skv[b];
-      std::vector<Tile> tiles;
-      p.tiles(b, h, tiles);
-      if (tiles.empty()) return;
-      const at::Tensor keys = p.keys(p.kFlat, b, h, 0, skv), values = p.keys(p.vFlat, b, h, 0, skv);
-      at::Tensor dK = at::zeros({skv, g.D}, keys.options()), dV = at::zeros({skv, g.Dv}, keys.options());
-      for (const Tile& t : tiles) {
-        const int64_t width = t.end - t.begin, rows = G * t.rows;
-        const at::Tensor k = keys.narrow(0, t.begin, width), vv = values.narrow(0, t.begin, width);
-        // The queries times the scale: the scores are qs k^T, and dk = dS^T qs.
-        const at::Tensor qs = p.queries(p.qFlat, t).to(at::kFloat).mul(p.scale).reshape({rows, g.D});
-        const at::Tensor dof = p.queries(doFlat, t).to(at::kFloat).reshape({rows, g.Dv});
-        at::Tensor probs = p.scores(t, qs, k);
-        float* pp = probs.mutable_data_ptr<float>();
-        const float* mp = maxes.defined() ? maxes.const_data_ptr<float>() : nullptr;
-        const float* sp = sums.defined() ? sums.const_data_ptr<float>() : nullptr;
-        p.eachRow(t, [&](int64_t row, int64_t n, int64_t i, int64_t lo, int64_t hi, const uint8_t* mask) {
-          float* pr = pp + row * width;
-          if (mp != nullptr) {  // P = exp(s - softmax_max) / softmax_sum, from the forward
-            const int64_t at = statRows.at(b, n, i + p.len.qStart[b]);
-            if (mp[at] == -std::numeric_limits<float>::infinity()) {
-              std::fill(pr, pr + width, 0.0f);
-            } else {
-              expRow(pr, width, lo, hi, mask, mp[at], 1.0f / sp[at]);
-            }
-            return;
-          }
-          const float m = keptMax(pr, lo, hi, mask);
-          if (m == -std::numeric_limits<float>::infinity()) {
+    // Tiles run in parallel, each giving its own dk and dv rows (float32, over its key
+    // range); each (batch, kv head) then adds its tiles' parts in tile order, so the
+    // result does not depend on the thread schedule. dpse sums over what pse is broadcast
+    // over (batches, heads, query rows): then the tiles run one at a time.
+    const bool sharedBias = dbias.defined() && ((dbias.size(0) == 1 && g.B > 1) || dbias.size(1) != g.N ||
+                                                dbias.size(2) == 1);
+    std::vector<Tile> work;
+    std::vector<int64_t> firstTile(g.B * g.KVN + 1, 0);  // the tiles of task (b, h): [first[t], first[t + 1])
+    for (int64_t task = 0; task < g.B * g.KVN; ++task) {
+      p.tiles(task / g.KVN, task % g.KVN, work);
+      firstTile[task + 1] = static_cast<int64_t>(work.size());
+    }
+    std::vector<at::Tensor> partK(work.size()), partV(work.size());
+    const float* mp = maxes.defined() ? maxes.const_data_ptr<float>() : nullptr;
+    const float* sp = sums.defined() ? sums.const_data_ptr<float>() : nullptr;
+    eachInParallel(static_cast<int64_t>(work.size()), !sharedBias, [&](int64_t w) {
+      const Tile& t = work[w];
+      const int64_t b = t.b, width = t.end - t.begin, rows = G * t.rows;
+      const at::Tensor k = p.keys(p.kFlat, b, t.kvHead, t.begin, t.end);
+      const at::Tensor vv = p.keys(p.vFlat, b, t.kvHead, t.begin, t.end);
+      // The queries times the scale: the scores are qs k^T, and dk = dS^T qs.
+      const at::Tensor qs = p.queries(p.qFlat, t).to(at::kFloat).mul(p.scale).reshape({rows, g.D});
+      const at::Tensor dof = p.queries(doFlat, t).to(at::kFloat).reshape({rows, g.Dv});
+      at::Tensor probs = p.scores(t, qs, k);
+      float* pp = probs.mutable_data_ptr<float>();
+      p.eachRow(t, [&](int64_t row, int64_t n, int64_t i, int64_t lo, int64_t hi, const uint8_t* mask) {
+        float* pr = pp + row * width;
+        if (mp != nullptr) {  // P = exp(s - softmax_max) / softmax_sum, from the forward
+          const int64_t at = statRows.at(b, n, i + p.len.qStart[b]);
+          if (mp[at] == -std::numeric_limits<float>::infinity()) {
             std::fill(pr, pr + width, 0.0f);
-            return;
+          } else {
+            expRow(pr, width, lo, hi, mask, mp[at], 1.0f / sp[at]);
           }
-          const float inv = 1.0f / expRow(pr, width, lo, hi, mask, m, 1.0f);
-          for (int64_t j = lo; j <= hi; ++j) pr[j] *= inv;
-        });
-        const at::Tensor o = outFlat.defined() ? p.queries(outFlat, t).to(at::kFloat).reshape({rows, g.Dv})
-                                               : at::mm(probs, vv);
-        dV.narrow(0, t.begin, width).addmm_(probs.t(), dof);
-        // dS = P * (dO v^T - rowsum(dO * O)): the gradient of the scaled scores
-        at::Tensor ds = at::mm(dof, vv.t()).sub_(dof.mul(o).sum(-1, true)).mul_(probs);
-        if (dbias.defined()) {
-          at::Tensor target = dbias.select(0, dbias.size(0) == 1 ? 0 : b);
-          at::Tensor part = ds.view({G, t.rows, width});
-          if (target.size(0) == 1) part = part.sum(0, true); else target = target.narrow(0, t.n0, G);
-          if (target.size(1) == 1) part = part.sum(1, true); else target = target.narrow(1, t.i0, t.rows);
-          if (target.size(2) == 1) part = part.sum(2, true); else target = target.narrow(2, t.begin, width);
-          target.add_(part);
+          return;
         }
-        strided(dqFlat, p.qRows.at(b, t.n0, t.i0 + p.len.qStart[b]), {G, t.rows}, {p.qRows.head, p.qRows.seq})
-            .copy_(at::mm(ds, k).mul_(p.scale).view({G, t.rows, g.D}));
-        dK.narrow(0, t.begin, width).addmm_(ds.t(), qs);
+        const float m = keptMax(pr, lo, hi, mask);
+        if (m == -std::numeric_limits<float>::infinity()) {
+          std::fill(pr, pr + width, 0.0f);
+          return;
+        }
+        const float inv = 1.0f / expRow(pr, width, lo, hi, mask, m, 1.0f);
+        for (int64_t j = lo; j <= hi; ++j) pr[j] *= inv;
+      });
+      const at::Tensor o = outFlat.defined() ? p.queries(outFlat, t).to(at::kFloat).reshape({rows, g.Dv})
+                                             : at::mm(probs, vv);
+      partV[w] = at::mm(probs.t(), dof);
+      // dS = P * (dO v^T - rowsum(dO * O)): the gradient of the scaled scores
+      at::Tensor ds = at::mm(dof, vv.t()).sub_(dof.mul(o).sum(-1, true)).mul_(probs);
+      if (dbias.defined()) {
+        at::Tensor target = dbias.select(0, dbias.size(0) == 1 ? 0 : b);
+        at::Tensor part = ds.view({G, t.rows, width});
+        if (target.size(0) == 1) part = part.sum(0, true); else target = target.narrow(0, t.n0, G);
+        if (target.size(1) == 1) part = part.sum(1, true); else target = target.narrow(1, t.i0, t.rows);
+        if (target.size(2) == 1) part = part.sum(2, true); else target = target.narrow(2, t.begin, width);
+        target.add_(part);
+      }
+      strided(dqFlat, p.qRows.at(b, t.n0, t.i0 + p.len.qStart[b]), {G, t.rows}, {p.qRows.head, p.qRows.seq})
+          .copy_(at::mm(ds, k).mul_(p.scale).view({G, t.rows, g.D}));
+      partK[w] = at::mm(ds.t(), qs);
+    });
+    eachInParallel(g.B * g.KVN, true, [&](int64_t task) {
+      if (firstTile[task] == firstTile[task + 1]) return;
+      const int64_t b = task / g.KVN, h = task % g.KVN, skv = p.len.skv[b];
+      at::Tensor dK = at::zeros({skv, g.D}, at::TensorOptions().dtype(at::kFloat));
+      at::Tensor dV = at::zeros({skv, g.Dv}, at::TensorOptions().dtype(at::kFloat));
+      for (int64_t w = firstTile[task]; w < firstTile[task + 1]; ++w) {
+        dK.narrow(0, work[w].begin, partK[w].size(0)).add_(partK[w]);
+        dV.narrow(0, work[w].begin, partV[w].size(0)).add_(partV[w]);
       }
       const int64_t first = p.kvRows.at(b, h, p.len.kvStart[b]);
       strided(dkFlat, first, {skv}, {p.kvRows.seq}).copy_(dK);
