@@ -196,7 +196,8 @@ def paged(k, v, lengths, block_size, head_major=False, seed=0):
     order = torch.randperm(blocks, generator=g)
     table = torch.full((len(lengths), max(need) + 1), -1, dtype=torch.int32)  # unused entries: -1
     kvn, d, dv = k.size(1), k.size(-1), v.size(-1)
-    kc, vc = torch.zeros(blocks, block_size, kvn, d, dtype=k.dtype), torch.zeros(blocks, block_size, kvn, dv, dtype=v.dtype)
+    kc = torch.zeros(blocks, block_size, kvn, d, dtype=k.dtype)
+    vc = torch.zeros(blocks, block_size, kvn, dv, dtype=v.dtype)
     used = 0
     for b, n in enumerate(lengths):
         for c in range(need[b]):
@@ -413,8 +414,8 @@ def test_scatter_pa_kv_cache(dtype, mode):
     if mode == "Norm":
         kc, vc = torch.zeros(blocks, bs, heads, dk, dtype=dtype), torch.zeros(blocks, bs, heads, dv, dtype=dtype)
     else:
-        kc, vc = torch.zeros(blocks, heads * dk // 16, bs, 16, dtype=dtype), torch.zeros(blocks, heads * dv // 16, bs, 16,
-                                                                                       dtype=dtype)
+        kc = torch.zeros(blocks, heads * dk // 16, bs, 16, dtype=dtype)
+        vc = torch.zeros(blocks, heads * dv // 16, bs, 16, dtype=dtype)
     slots = torch.tensor([5, 17, -1, 63, 0, 40], dtype=torch.int32)
     kn, vn = kc.npu(), vc.npu()
     result = torch_npu.npu_scatter_pa_kv_cache(key.npu(), value.npu(), kn, vn, slots.npu(), cache_mode=mode)
@@ -649,7 +650,8 @@ def opcheck_cases():
         "npu_scatter_pa_kv_cache_functional": ((tokens, tokens, cache, cache.clone(), torch.tensor([0, 3, 17]).npu()),
                                                dict(cache_mode="Norm")),
         "npu_gather_pa_kv_cache": ((cache, cache, torch.tensor([[1], [0]], dtype=torch.int32).npu(),
-                                    torch.tensor([2, 1]).npu(), torch.zeros_like(tokens), torch.zeros_like(tokens)), {}),
+                                    torch.tensor([2, 1]).npu(), torch.zeros_like(tokens), torch.zeros_like(tokens)),
+                                   {}),
         "npu_gather_pa_kv_cache_functional": ((cache, cache, torch.tensor([[1], [0]], dtype=torch.int32).npu(),
                                                torch.tensor([2, 1]).npu(), torch.zeros_like(tokens),
                                                torch.zeros_like(tokens)), {}),

@@ -298,7 +298,8 @@ Geometry describe(Request& r) {
                   " differs from query's ", g.D);
     } else {
       TORCH_CHECK(k.dim() == 4 && (r.in == Layout::BNSD || r.in == Layout::TND), "npu::", op, ": a paged key/value "
-                  "cache is [blocks, block_size, H], or [blocks, kv heads, block_size, D] with layout BNSD or TND; got ",
+                  "cache is [blocks, block_size, H], or [blocks, kv heads, block_size, D] with layout BNSD or TND; "
+                  "got ",
                   k.sizes(),
                   " with layout ", layoutName(r.in));
       g.headMajorCache = true;
@@ -427,7 +428,8 @@ Masking maskingOf(const Request& r, const Geometry& g, const Lengths& l) {
   at::Tensor mask = r.mask.to(at::kByte);
   const int64_t maxSkv = *std::max_element(l.skv.begin(), l.skv.end());
   if (mask.dim() == 2) {
-    mask = r.decodeMaskShapes ? mask.view({mask.size(0), 1, 1, mask.size(1)}) : mask.view({1, 1, mask.size(0), mask.size(1)});
+    mask = r.decodeMaskShapes ? mask.view({mask.size(0), 1, 1, mask.size(1)})    // (B, KV_S)
+                              : mask.view({1, 1, mask.size(0), mask.size(1)});  // (Q_S, KV_S)
   } else if (mask.dim() == 3) {
     mask = mask.unsqueeze(1);
   }
@@ -1078,7 +1080,8 @@ void fusionAttentionGradKernelImpl(Args& a, bool meta) {
   r.qLensCount = a.length("actual_seq_qlen");
   r.kvLensCount = a.length("actual_seq_kvlen");
   if (r.in == Layout::TND) {
-    TORCH_CHECK(!r.mask.defined(), "npu::", r.op, ": layout TND takes sparse_mode 2 or 3 (or no mask) on the npu device");
+    TORCH_CHECK(!r.mask.defined(), "npu::", r.op, ": layout TND takes sparse_mode 2 or 3 (or no mask) on the npu "
+                "device");
   }
   if (!meta && r.in == Layout::TND) readLengths(r, a, "actual_seq_qlen", "actual_seq_kvlen");
   // For BSH/SBH the kv heads follow from the sizes.
@@ -1245,7 +1248,8 @@ void checkCacheDtype(const char* op, const at::Tensor& t, const char* name, cons
               "int8, uint8, int16, int32, float8)");
   TORCH_CHECK(d == like.scalar_type(), "npu::", op, ": ", name, " must have key's dtype ", like.scalar_type(),
               ", got ", d);
-  TORCH_CHECK(t.is_contiguous(), "npu::", op, ": ", name, " must be contiguous (on ", t.device(), "); call .contiguous()");
+  TORCH_CHECK(t.is_contiguous(), "npu::", op, ": ", name, " must be contiguous (on ", t.device(),
+              "); call .contiguous()");
 }
 
 void checkIndexDtype(const char* op, const at::Tensor& t, const char* name) {
@@ -1410,7 +1414,8 @@ void gatherInto(const char* name, const at::Tensor& keyCache, const at::Tensor& 
       for (int64_t b = 0; b < batches; ++b) lens[b] = lens[b + 1] - lens[b];
       lens.resize(batches);
     }
-    const std::vector<int64_t> offsets = seqOffset.defined() ? toLongs(input(seqOffset)) : std::vector<int64_t>(batches, 0);
+    const std::vector<int64_t> offsets =
+        seqOffset.defined() ? toLongs(input(seqOffset)) : std::vector<int64_t>(batches, 0);
     const int64_t cols = tables.size(1), tokens = k.size(0);
     const size_t item = k.element_size();
     const auto* kcp = static_cast<const uint8_t*>(kcache.const_data_ptr());
@@ -1566,7 +1571,8 @@ TORCH_LIBRARY_FRAGMENT(npu, m) {
            torch::CppFunction::makeFromBoxedFunction<&fusedInferWorkspaceKernel<META, false>>());                  \
     m.impl("_npu_fused_infer_attention_score_v2_get_max_workspace",                                                \
            torch::CppFunction::makeFromBoxedFunction<&fusedInferWorkspaceKernel<META, true>>());                   \
-    m.impl("npu_fusion_attention_grad", torch::CppFunction::makeFromBoxedFunction<&fusionAttentionGradKernel<META>>()); \
+    m.impl("npu_fusion_attention_grad",                                                                            \
+           torch::CppFunction::makeFromBoxedFunction<&fusionAttentionGradKernel<META>>());                         \
     m.impl("npu_scatter_pa_kv_cache", torch::CppFunction::makeFromBoxedFunction<&scatterKernel<META>>());         \
     m.impl("npu_scatter_pa_kv_cache_functional",                                                                   \
            torch::CppFunction::makeFromBoxedFunction<&scatterFunctionalKernel<META>>());                           \
