@@ -696,6 +696,49 @@ def test_compile_with_dynamic_shapes_traces_the_serving_calls():
             torch.testing.assert_close(c.cpu(), e.cpu())
 
 
+PROJECTION_RUN = r"""
+import json, torch, torch_npu
+from torch_npu.profiler import ProfilerActivity, profile
+
+def projected(seq):
+    q = torch.randn(1, 8, seq, 64, dtype=torch.float16).npu()
+    k = torch.randn(1, 2, seq, 64, dtype=torch.float16).npu()
+    tokens = k[0].transpose(0, 1).contiguous()
+    cache = torch.zeros(seq // 16, 16, 2, 64, dtype=torch.float16).npu()
+    mask = torch.ones(2048, 2048, dtype=torch.bool).triu(1).npu()
+    torch.npu.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.NPU]) as prof:
+        torch_npu.npu_fused_infer_attention_score(q, k, k, num_heads=8, num_key_value_heads=2, input_layout="BNSD",
+                                                  atten_mask=mask, sparse_mode=3)
+        torch_npu.npu_fusion_attention_grad(q, k, k, q, 8, "BNSD", sparse_mode=2)
+        torch_npu.npu_scatter_pa_kv_cache(tokens, tokens, cache, cache.clone(), torch.arange(seq).npu(),
+                                          cache_mode="Norm")
+        torch.npu.synchronize()
+    return {e.name: e.npu_projected_time_total for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.PrivateUse1}
+
+print(json.dumps([projected(256), projected(2048)]))
+"""
+
+
+def test_projected_times_under_a_chip_profile():
+    """Under a chip profile the profiler shows each op's projected time on that chip: the
+    attention's matmuls on the cube unit grow with the sequence, the grad's five past the
+    forward's two."""
+    import json
+
+    from helpers import last_line, run_python
+
+    small, large = json.loads(last_line(run_python(PROJECTION_RUN, env={"NPU_EMU_PROFILE": "ascend910b2"},
+                                                   timeout=300)))
+    ops = ("npu_fused_infer_attention_score", "npu_fusion_attention_grad", "npu_scatter_pa_kv_cache")
+    for op in ops:
+        assert small[op] > 0 and large[op] > small[op], (op, small, large)
+    forward = large[ops[0]] - small[ops[0]]
+    backward = large[ops[1]] - small[ops[1]]
+    assert 2.0 < backward / forward < 3.0  # 5 matmuls against 2 (the launch overhead cancels)
+
+
 # ---- end to end: a tiny decoder served from a paged KV cache -----------------------------------------------
 
 @pytest.mark.parametrize("engine", ["pfa_ifa", "fused_infer", "vllm_ascend"])

@@ -40,6 +40,8 @@
 #include <vector>
 
 #include "../../core/device.h"
+#include "../../core/profile.h"
+#include "../../runtime/tracing.h"
 #include "../host_execution.h"
 
 namespace npu::ops {
@@ -414,17 +416,21 @@ struct Masking {
   bool band = false;
 };
 
-Masking maskingOf(const Request& r, const Geometry& g, const Lengths& l) {
+// The sparse mode's geometry and band, without atten_mask's content.
+Masking geometryOf(const Request& r) {
   Masking m;
   m.mode = r.sparse;
   m.pre = r.pre;
   m.next = r.next;
-  if (r.sparse >= 2) {  // geometry only; the compressed mask's content is the pattern itself
-    m.band = r.sparse == 4;
-    return m;
-  }
-  m.band = r.sparse == 0 && (r.mask.defined() || r.bandWithoutMask) && (r.pre < kNoBand || r.next < kNoBand);
-  if (!r.mask.defined()) return m;
+  m.band = r.sparse == 4 ||
+           (r.sparse == 0 && (r.mask.defined() || r.bandWithoutMask) && (r.pre < kNoBand || r.next < kNoBand));
+  return m;
+}
+
+Masking maskingOf(const Request& r, const Geometry& g, const Lengths& l) {
+  Masking m = geometryOf(r);
+  // modes 2-4: geometry only; the compressed mask's content is the pattern itself
+  if (r.sparse >= 2 || !r.mask.defined()) return m;
   at::Tensor mask = r.mask.to(at::kByte);
   const int64_t maxSkv = *std::max_element(l.skv.begin(), l.skv.end());
   if (mask.dim() == 2) {
@@ -684,9 +690,56 @@ void prepare(Problem& p, const Request& r, const at::Tensor& q, const at::Tensor
   }
 }
 
+// ---- projected times ------------------------------------------------------------
+// While a profiler runs under a chip profile, each kernel's time on that chip: the
+// attention's matmuls on the cube unit (only the key ranges the tiles see), the cache
+// copies' traffic on the vector unit.
+
+double tensorBytes(std::initializer_list<std::reference_wrapper<const at::Tensor>> tensors) {
+  double bytes = 0;
+  for (const at::Tensor& t : tensors) {
+    if (t.defined()) bytes += static_cast<double>(t.numel()) * static_cast<double>(t.itemsize());
+  }
+  return bytes;
+}
+
+int64_t projectedNs(double flops, bool cube, c10::ScalarType dtype, double bytes) {
+  if (!runtime::tracing::enabled()) return 0;
+  const profile::DeviceProfile* chip = profile::projectionProfile();
+  if (chip == nullptr || !chip->cost) return 0;
+  profile::KernelWork work;
+  work.flops = flops;
+  work.cube = cube;
+  work.dtype = dtype;
+  work.bytes = bytes;
+  return profile::projectKernelNs(*chip->cost, work);
+}
+
+// The projected time of `matmuls` products over the tiles of a request (the key lengths
+// from the arguments; a paged cache's blocks are not read).
+int64_t attentionProjectedNs(const Request& r, const Geometry& g, double matmuls) {
+  if (!runtime::tracing::enabled()) return 0;
+  Problem p;
+  p.g = g;
+  p.len = lengthsOf(r, g);
+  p.masking = geometryOf(r);
+  std::vector<Tile> tiles;
+  for (int64_t b = 0; b < g.B; ++b) {
+    for (int64_t h = 0; h < g.KVN; ++h) p.tiles(b, h, tiles);
+  }
+  double flops = 0;
+  for (const Tile& t : tiles) {
+    // one [G * rows, D] x [D, keys] product (the ones with Dv alike)
+    const double perMatmul = 2.0 * p.group() * t.rows * (t.end - t.begin) * (g.D + g.Dv) / 2;
+    flops += perMatmul * matmuls;
+  }
+  return projectedNs(flops, true, r.q.scalar_type(), tensorBytes({r.q, r.k, r.v}) * 2);
+}
+
 // The forward: out (zero where a row sees no key) and lse [B, N, Sq] / [T, N] (-inf there).
 std::tuple<at::Tensor, at::Tensor> attentionForward(Request& r) {
   Geometry g = describe(r);
+  runtime::tracing::Projection projected(attentionProjectedNs(r, g, 2));
   return onHost(r.op, {r.q, r.k, r.v, r.mask, r.pse, r.blockTable, r.sink}, [&](auto input, auto output) {
     Problem p;
     p.g = g;
@@ -1126,6 +1179,8 @@ void fusionAttentionGradKernelImpl(Args& a, bool meta) {
     TORCH_CHECK(outIn.sizes() == r.q.sizes(), "npu::", r.op, ": attention_in must be the forward's output, shaped like "
                 "query ", r.q.sizes(), ", got ", outIn.sizes());
   }
+  // five matmuls: the scores again, dV, dP, dQ and dK
+  runtime::tracing::Projection projected(attentionProjectedNs(r, g, 5));
   auto results = onHost(r.op, {r.q, r.k, r.v, dy, r.mask, pse, maxIn, sumIn, outIn}, [&](auto input, auto output) {
     Problem p;
     p.g = g;
@@ -1352,6 +1407,9 @@ void scatterKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   TORCH_CHECK(kc.blocks == vc.blocks && kc.blockSize == vc.blockSize, "npu::", name, ": key_cache and value_cache "
               "must have the same blocks and block size, got ", keyCache.sizes(), " and ", valueCache.sizes());
   if (!Meta) {
+    // the tokens read and their slots written
+    runtime::tracing::Projection projected(projectedNs(static_cast<double>(key.numel() + value.numel()), false,
+                                                       key.scalar_type(), 2 * tensorBytes({key, value})));
     onHost(name, {key, value, keyCache, valueCache, slots}, [&](auto input, auto) {
       const at::Tensor k = input(key), v = input(value), kcache = input(keyCache), vcache = input(valueCache);
       const std::vector<int64_t> slot = toLongs(input(slots));
@@ -1406,6 +1464,8 @@ void gatherInto(const char* name, const at::Tensor& keyCache, const at::Tensor& 
                 batches, "], got ", seqOffset.sizes());
   }
   if (!run) return;
+  runtime::tracing::Projection projected(projectedNs(static_cast<double>(key.numel() + value.numel()), false,
+                                                     key.scalar_type(), 2 * tensorBytes({key, value})));
   onHost(name, {keyCache, valueCache, tables, seqLens, key, value, seqOffset}, [&](auto input, auto) {
     const at::Tensor kcache = input(keyCache), vcache = input(valueCache), k = input(key), v = input(value);
     const std::vector<int64_t> table = toLongs(input(tables));
