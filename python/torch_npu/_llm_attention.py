@@ -28,6 +28,8 @@ Conventions shared by the attention operators:
 """
 import torch
 
+from ._formats import Format, get_npu_format
+
 __all__ = [
     "npu_prompt_flash_attention",
     "npu_incre_flash_attention",
@@ -130,8 +132,6 @@ def npu_gather_pa_kv_cache(key_cache, value_cache, block_tables, seq_lens, key, 
     """Reads each sequence of ``block_tables`` (``seq_lens`` tokens, from block
     ``seq_offset // block_size``) out of Norm caches [blocks, block_size, heads, head_size]
     into key/value [T, heads, head_size], one sequence after another, in place."""
-    from ._formats import Format, get_npu_format
-
     if key_cache.device.type == "npu" and get_npu_format(key_cache) == Format.FRACTAL_NZ:
         raise ValueError("torch_npu.npu_gather_pa_kv_cache: a FRACTAL_NZ (PA_NZ) cache is not supported on the npu "
                          "device; keep the cache in the ND layout [blocks, block_size, heads, head_size] "
