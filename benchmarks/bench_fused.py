@@ -5,6 +5,15 @@ The figure is composed time / fused time (above 1: the fused op is faster).
 Targets: rms_norm, add_rms_norm, rotary_mul, swiglu >= 1.5x; fused_add_matmul no
 slower (>= 1.0x). Each time is the best of interleaved repeats (noisy machines).
 
+Then the attention ops of LLM serving (float16, GQA 8 query / 2 kv heads, head size
+64) against the composition a user would write on the npu (repeat_interleave, matmul,
+masked_fill, softmax, matmul; index gathers for the paged cache), at two sequence
+lengths: prefill (npu_prompt_flash_attention, causal), paged decode
+(npu_incre_flash_attention and npu_fused_infer_attention_score, 8 sequences, blocks
+of 16), npu_scatter_pa_kv_cache (memory-bound: index_put into the cache) and
+npu_fusion_attention_grad (against autograd of the composition). Targets: >= 1.0x
+for the attention (matmul-bound), >= 1.5x for the scatter.
+
     python benchmarks/bench_fused.py [--quick]
 """
 import argparse
@@ -72,6 +81,72 @@ def measure(fn, inputs, backward, iters, repeats):
     return best_time(step, iters, repeats)
 
 
+def attention_cases(seq):
+    """(name, fused, composed) for the LLM attention ops at sequence length `seq`, float16."""
+    heads, kv_heads, d, batch, block = 8, 2, 64, 8, 16
+    group, scale = heads // kv_heads, 1 / d ** 0.5
+    half = dict(device="npu", dtype=torch.float16)
+    q, k, v = torch.randn(1, heads, seq, d, **half), torch.randn(1, kv_heads, seq, d, **half), \
+        torch.randn(1, kv_heads, seq, d, **half)
+    causal = torch.ones(seq, seq, dtype=torch.bool, device="npu").triu(1)
+    compressed = torch.ones(2048, 2048, dtype=torch.bool, device="npu").triu(1)
+
+    def attend(q, k, v, mask=None):
+        scores = q @ k.repeat_interleave(group, 1).transpose(-1, -2) * scale
+        if mask is not None:
+            scores = scores.masked_fill(mask, float("-inf"))
+        return scores.softmax(-1) @ v.repeat_interleave(group, 1)
+
+    # a paged cache holding `seq` tokens of each of `batch` sequences, blocks shuffled
+    blocks = batch * seq // block
+    key_cache = torch.randn(blocks, block, kv_heads * d, **half)
+    value_cache = torch.randn(blocks, block, kv_heads * d, **half)
+    table = torch.randperm(blocks, device="npu").view(batch, -1).int()
+    slots = (table.long().unsqueeze(-1) * block + torch.arange(block, device="npu")).view(batch, -1)  # [B, seq]
+    q_decode = torch.randn(batch, 1, heads * d, **half)
+
+    def paged_composed():
+        keys = key_cache.view(-1, kv_heads, d)[slots].transpose(1, 2)   # [B, kv heads, seq, d]
+        values = value_cache.view(-1, kv_heads, d)[slots].transpose(1, 2)
+        return attend(q_decode.view(batch, heads, 1, d), keys, values)
+
+    lengths = [seq] * batch
+    decode_args = dict(num_heads=heads, num_key_value_heads=kv_heads, block_table=table, block_size=block)
+    # scatter: `seq` new tokens of every sequence into the cache
+    new_k = torch.randn(batch * seq, kv_heads, d, **half)
+    flat_slots = slots.reshape(-1)
+
+    def scatter_composed():
+        key_cache.view(-1, kv_heads, d)[flat_slots] = new_k
+        value_cache.view(-1, kv_heads, d)[flat_slots] = new_k
+
+    # the backward of attention: the grad op against autograd of the composition
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    out = attend(*leaves, causal)
+    dy = torch.randn_like(out)
+    # the statistics and output of the forward, as MindSpeed passes them to the grad op
+    _, softmax_max, softmax_sum, _, *_ = torch_npu.npu_fusion_attention(
+        *(t.detach() for t in leaves), heads, "BNSD", scale=scale, sparse_mode=2)
+    return [
+        ("prompt_flash_attn", lambda: torch_npu.npu_prompt_flash_attention(
+            q, k, v, num_heads=heads, num_key_value_heads=kv_heads, input_layout="BNSD", scale_value=scale,
+            atten_mask=compressed, sparse_mode=3), lambda: attend(q, k, v, causal)),
+        ("incre_flash_attn", lambda: torch_npu.npu_incre_flash_attention(
+            q_decode, key_cache, value_cache, scale_value=scale, actual_seq_lengths=lengths, **decode_args),
+         paged_composed),
+        ("fused_infer_attn", lambda: torch_npu.npu_fused_infer_attention_score(
+            q_decode, key_cache, value_cache, scale=scale, actual_seq_lengths_kv=lengths, **decode_args)[0],
+         paged_composed),
+        ("scatter_pa_kv", lambda: torch_npu.npu_scatter_pa_kv_cache(
+            new_k, new_k, key_cache.view(blocks, block, kv_heads, d), value_cache.view(blocks, block, kv_heads, d),
+            flat_slots, cache_mode="Norm"), scatter_composed),
+        ("fusion_attn_grad", lambda: torch_npu.npu_fusion_attention_grad(
+            *(t.detach() for t in leaves), dy, heads, "BNSD", scale_value=scale, sparse_mode=2,
+            softmax_max=softmax_max, softmax_sum=softmax_sum, attention_in=out.detach()),
+         lambda: torch.autograd.grad(out, leaves, dy, retain_graph=True)),
+    ]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
@@ -87,6 +162,14 @@ def main(argv=None):
                 t_composed = measure(composed, inputs, backward, iters, repeats)
                 ratios.append(t_composed / t_fused)
             print(f"  {name:<18}{megabytes:>4}MB{ratios[0]:>9.2f}x{ratios[1]:>9.2f}x", flush=True)
+    print("LLM attention ops, float16: composed time / fused time, forward "
+          "(target >= 1.0x; scatter_pa_kv >= 1.5x; fusion_attn_grad: the backward, float32)")
+    print(f"  {'op':<18}{'seq':>6}{'fused ms':>10}{'speed-up':>10}")
+    for seq in (256, 1024):
+        for name, fused, composed in attention_cases(seq):
+            t_fused = best_time(fused, iters, repeats)
+            t_composed = best_time(composed, iters, repeats)
+            print(f"  {name:<18}{seq:>6}{t_fused * 1e3:>10.2f}{t_composed / t_fused:>9.2f}x", flush=True)
     llm_main(iters, repeats)
 
 
