@@ -1088,7 +1088,7 @@ void fusedInferWorkspaceKernel(const c10::OperatorHandle& op, torch::jit::Stack*
 
 // ---- npu_fusion_attention_grad -----------------------------------------------------
 
-// dq, dk, dv (and dpse) of out = softmax(scale * q k^T + pse, masked) v, as
+// dq, dk, dv (and dpse) of out = softmax(scale * (q k^T + pse), masked) v, as
 // npu_fusion_attention computes it: per tile, P from the forward's statistics
 // (exp(s - softmax_max) / softmax_sum) or recomputed, then dV = P^T dO,
 // dS = P * (dO V^T - rowsum(dO * O)), dQ = scale dS K, dK = scale dS^T Q.
@@ -1187,7 +1187,9 @@ void fusionAttentionGradKernelImpl(Args& a, bool meta) {
     const at::Tensor q = input(r.q), k = input(r.k), v = input(r.v), dO = input(dy);
     Request host = r;
     host.mask = input(r.mask);
-    prepare(p, host, q, k, v, at::Tensor(), input(pse));
+    // npu_fusion_attention's scores are scale * (q k^T + pse): the core adds a bias to the
+    // scaled scores, so it is given scale * pse (and dpse = scale * dbias).
+    prepare(p, host, q, k, v, at::Tensor(), pse.defined() ? input(pse).to(at::kFloat).mul(r.scale) : at::Tensor());
     const at::Tensor doFlat = dO.reshape({-1, g.D});
     const at::Tensor outFlat = outIn.defined() ? input(outIn).reshape({-1, g.D}) : at::Tensor();
     const Rows statRows = rowsOf(r.in == Layout::TND ? Layout::TND : Layout::BNSD, g.B, g.N, g.Sq,
@@ -1278,7 +1280,7 @@ void fusionAttentionGradKernelImpl(Args& a, bool meta) {
       strided(dvFlat, first, {skv}, {p.kvRows.seq}).copy_(dV);
     });
     at::Tensor dpseOut;
-    if (dbias.defined()) dpseOut = output(dbias.reshape(pse.sizes()).to(pse.scalar_type()));
+    if (dbias.defined()) dpseOut = output(dbias.mul(r.scale).reshape(pse.sizes()).to(pse.scalar_type()));
     return std::make_tuple(output(dq), output(dk), output(dv), dpseOut,
                            output(at::empty({0}, q.options().dtype(at::kFloat))));
   });
