@@ -69,7 +69,7 @@ pytest: build $(VENV)/.clients
 # launch policy (every kernel queued to its stream's worker thread), so ordering
 # bugs that running on the caller's thread hides cannot come back.
 ALWAYS_ENQUEUE_TESTS := tests/test_streams.py tests/test_copy.py tests/test_random.py tests/test_checkpoint.py tests/test_models.py \
-	tests/test_stream_semantics.py tests/test_memory.py tests/test_real_models.py tests/test_graphs.py
+	tests/test_stream_semantics.py tests/test_memory.py tests/test_real_models.py tests/test_graphs.py tests/test_quantized.py
 pytest-always-enqueue: build
 	NPU_EMU_ALWAYS_ENQUEUE=1 $(PY) -m pytest -q $(ALWAYS_ENQUEUE_TESTS)
 

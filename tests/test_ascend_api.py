@@ -43,3 +43,20 @@ def test_compile_mode_options_and_config():
         torch.npu.config.allow_internal_format = "yes"
     with pytest.raises(AttributeError, match="has no setting"):
         torch.npu.config.allow_internal_fromat = True
+
+
+def test_cann_version_comes_from_an_installed_toolkit(tmp_path, monkeypatch):
+    import platform
+
+    from torch_npu.npu.utils import get_cann_version as module_version
+    from torch_npu.utils.collect_env import get_cann_version
+
+    monkeypatch.setattr("torch_npu.utils.collect_env._DEFAULT_TOOLKIT", str(tmp_path / "none"))
+    monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
+    monkeypatch.setenv("ASCEND_HOME_PATH", str(tmp_path))
+    assert get_cann_version() == "not known" and module_version() == ""
+    info = tmp_path / f"{platform.machine()}-linux" / "ascend_toolkit_install.info"
+    info.parent.mkdir()
+    info.write_text('package_name=Ascend-cann-toolkit\nversion=8.0.RC3\ninnerversion=V100R001C19\n')
+    assert get_cann_version() == "8.0.RC3" == torch_npu.utils.get_cann_version()
+    assert module_version("CANN") == "8.0.RC3" and module_version("DRIVER") == ""

@@ -33,13 +33,9 @@ CUDA_ONLY = {
 }
 # Meaningful on any accelerator, not on the npu yet.
 NOT_YET = {
-    "caching_allocator_enable": "turning the caching allocator off (every free straight back to the device)",
-    "caching_allocator_disabled": "turning the caching allocator off (every free straight back to the device)",
-    "change_current_allocator": "pluggable allocators loaded from a shared library",
-    "CUDAPluggableAllocator": "pluggable allocators loaded from a shared library",
 }
 # torch.cuda's name -> torch.npu's, where the name says CUDA.
-RENAMED = {"CUDAGraph": "NPUGraph"}
+RENAMED = {"CUDAGraph": "NPUGraph", "CUDAPluggableAllocator": "NPUPluggableAllocator"}
 
 
 def cuda_names():
@@ -141,3 +137,29 @@ def test_stream_handles_and_external_streams():
     e.record()
     assert e.npu_event == e.event_id != 0
     assert torch.npu.amp.amp_definitely_not_available() is False
+
+
+# torch.cuda's device-properties fields that mean nothing on an NPU (SIMT, ROCm).
+CUDA_ONLY_PROPERTIES = {"max_threads_per_multi_processor", "gcnArchName", "warp_size", "shared_memory_per_block",
+                        "shared_memory_per_multiprocessor", "regs_per_multiprocessor",
+                        "shared_memory_per_block_optin"}
+
+
+def test_device_properties_have_torch_cudas_fields():
+    import pathlib
+    import re
+
+    stub = (pathlib.Path(torch.__file__).parent / "_C" / "__init__.pyi").read_text()
+    body = re.search(r"class _CudaDeviceProperties:\n((?:    .*\n)+)", stub).group(1)
+    fields = set(re.findall(r"^    (\w+):", body, flags=re.M))
+    assert {"name", "uuid", "L2_cache_size", "multi_processor_count"} <= fields
+    props = torch.npu.get_device_properties(0)
+    missing = sorted(f for f in fields - CUDA_ONLY_PROPERTIES if not hasattr(props, f))
+    assert not missing, f"torch.npu device properties lack torch.cuda's fields: {missing}"
+    assert props.uuid != torch.npu.get_device_properties(1).uuid
+    assert str(props.uuid) == run_python_line("import torch; print(torch.npu.get_device_properties(0).uuid)")
+
+
+def run_python_line(code):
+    from helpers import last_line, run_python
+    return last_line(run_python(code))

@@ -14,13 +14,15 @@ TOL = dict(rtol=1e-5, atol=1e-5)
 
 
 def reference_attention(q, k, v, keep=None, scale=None, pse=None):
-    """BNSD attention on the cpu, spelled out: softmax(q k^T * scale + bias) v."""
+    """BNSD attention on the cpu, spelled out as Ascend documents npu_fusion_attention:
+    softmax(scale * (q k^T + pse)) v."""
     if k.size(1) != q.size(1):
         k = k.repeat_interleave(q.size(1) // k.size(1), 1)
         v = v.repeat_interleave(q.size(1) // v.size(1), 1)
-    scores = q @ k.transpose(-2, -1) * scale
+    scores = q @ k.transpose(-2, -1)
     if pse is not None:
         scores = scores + pse
+    scores = scores * scale
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
     return scores.softmax(-1) @ v

@@ -39,3 +39,122 @@ def test_fused_optimizers_match_pytorchs_on_the_cpu(name):
 def test_sgd_needs_a_learning_rate():
     with pytest.raises(TypeError, match="lr is required"):
         torch_npu.optim.NpuFusedSGD([torch.nn.Parameter(torch.ones(2, device="npu"))])
+
+
+# ---- the Ascend adapter's own optimisers: against their update rules written per parameter ----
+
+def lamb_reference(params, state, lr, betas, eps, wd, adam, global_norm):
+    b1, b2 = betas
+    grads = [p.grad for p in params]
+    if global_norm:
+        norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).item()
+        if norm > 1:
+            grads = [g / norm for g in grads]
+    for p, g in zip(params, grads):
+        m, v = state.setdefault(p, (torch.zeros_like(p), torch.zeros_like(p)))
+        m.mul_(b1).add_((1 - b1) * g)
+        v.mul_(b2).add_((1 - b2) * g * g)
+        step = m / (v.sqrt() + eps) + wd * p
+        ratio = 1.0
+        if not adam:
+            w_norm, s_norm = min(p.norm().item(), 10.0), step.norm().item()
+            ratio = 1.0 if w_norm == 0 or s_norm == 0 else w_norm / s_norm
+        p.sub_(lr * ratio * step)
+
+
+def adamp_reference(params, state, lr, betas, eps, wd, delta, wd_ratio):
+    import math
+    b1, b2 = betas
+    for p in params:
+        g = p.grad
+        m, v, t = state.get(p, (torch.zeros_like(p), torch.zeros_like(p), 0))
+        t += 1
+        state[p] = (m, v, t)
+        m.mul_(b1).add_((1 - b1) * g)
+        v.mul_(b2).add_((1 - b2) * g * g)
+        perturb = m / (v.sqrt() / math.sqrt(1 - b2 ** t) + eps)
+        ratio = 1.0
+        if p.dim() > 1:
+            for rows in (p.size(0), 1):
+                pv, gv = p.reshape(rows, -1), g.reshape(rows, -1)
+                cos = (pv * gv).sum(1).abs() / (gv.norm(dim=1) + eps) / (pv.norm(dim=1) + eps)
+                if cos.max().item() < delta / math.sqrt(pv.size(1)):
+                    p_n = (pv / (pv.norm(dim=1, keepdim=True) + eps))
+                    pert = perturb.reshape(rows, -1)
+                    perturb = (pert - p_n * (p_n * pert).sum(1, keepdim=True)).reshape(p.shape)
+                    ratio = wd_ratio
+                    break
+        if wd > 0:
+            p.mul_(1 - lr * wd * ratio)
+        p.sub_(lr / (1 - b1 ** t) * perturb)
+
+
+def bert_adam_reference(params, state, lr, warmup, t_total, b1, b2, e, wd, max_norm):
+    grads = [p.grad for p in params]
+    norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).item()
+    coef = max_norm / (norm + 1e-6)
+    if max_norm > 0 and coef < 1:
+        grads = [g * coef for g in grads]
+    t = state.get("t", 0)
+    x = t / t_total
+    scheduled = lr * (x / warmup if x < warmup else max((x - 1.0) / (warmup - 1.0), 0.0))
+    for p, g in zip(params, grads):
+        m, v = state.setdefault(p, (torch.zeros_like(p), torch.zeros_like(p)))
+        m.mul_(b1).add_((1 - b1) * g)
+        v.mul_(b2).add_((1 - b2) * g * g)
+        p.sub_(scheduled * (m / (v.sqrt() + e) + wd * p))
+    state["t"] = t + 1
+
+
+ASCEND_ONLY = {
+    "lamb": (lambda p: torch_npu.optim.NpuFusedLamb(p, lr=0.01, weight_decay=0.01),
+             lambda p, s: lamb_reference(p, s, 0.01, (0.9, 0.999), 1e-6, 0.01, False, False)),
+    "lamb_global_norm": (lambda p: torch_npu.optim.NpuFusedLamb(p, lr=0.01, use_global_grad_norm=True),
+                         lambda p, s: lamb_reference(p, s, 0.01, (0.9, 0.999), 1e-6, 0, False, True)),
+    "lamb_adam": (lambda p: torch_npu.optim.NpuFusedLamb(p, lr=0.01, adam=True),
+                  lambda p, s: lamb_reference(p, s, 0.01, (0.9, 0.999), 1e-6, 0, True, False)),
+    "adamp": (lambda p: torch_npu.optim.NpuFusedAdamP(p, lr=0.01, weight_decay=0.1),
+              lambda p, s: adamp_reference(p, s, 0.01, (0.9, 0.999), 1e-8, 0.1, 0.1, 0.1)),
+    "bert_adam": (lambda p: torch_npu.optim.NpuFusedBertAdam(p, lr=0.01, warmup=0.2, t_total=10),
+                  lambda p, s: bert_adam_reference(p, s, 0.01, 0.2, 10, 0.9, 0.999, 1e-6, 0.01, 1.0)),
+}
+
+
+@pytest.mark.parametrize("name", list(ASCEND_ONLY))
+def test_ascend_only_optimizers_follow_their_rules(name):
+    make_npu, reference = ASCEND_ONLY[name]
+    gen = torch.Generator().manual_seed(0)
+    # A Linear before a LayerNorm is scale-invariant (AdamP projects it), one weight has a norm
+    # above LAMB's clamp of 10, the zero bias has a trust ratio of 1, and the loss is large
+    # enough for BertAdam's clipping.
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4))
+    with torch.no_grad():
+        model[0].weight.mul_(20)
+        model[0].bias.zero_()
+    npu_model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4)).npu()
+    npu_model.load_state_dict(model.state_dict())
+    npu_opt, state = make_npu(npu_model.parameters()), {}
+    params = list(model.parameters())
+    initial = model[0].weight.detach().clone()
+    for _ in range(4):
+        x = torch.randn(6, 8, generator=gen)
+        for m, data in ((model, x), (npu_model, x.npu())):
+            for p in m.parameters():
+                p.grad = None
+            (m(data).square().mean() * 100).backward()
+        with torch.no_grad():
+            reference(params, state)
+        npu_opt.step()
+    for p, q in zip(npu_model.parameters(), params):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=2e-5, atol=2e-6)
+    assert (npu_model[0].weight.detach().cpu() - initial).abs().max() > 1e-3  # the steps moved it
+
+
+def test_ascend_only_optimizers_check_their_arguments():
+    p = [torch.nn.Parameter(torch.ones(2, device="npu"))]
+    with pytest.raises(TypeError, match="NpuFusedBertAdam: lr is required"):
+        torch_npu.optim.NpuFusedBertAdam(p)
+    with pytest.raises(ValueError, match="NpuFusedBertAdam: invalid schedule 'cosine'"):
+        torch_npu.optim.NpuFusedBertAdam(p, lr=0.1, schedule="cosine")
+    with pytest.raises(ValueError, match="NpuFusedLamb: invalid beta parameter at index 1"):
+        torch_npu.optim.NpuFusedLamb(p, betas=(0.9, 1.0))

@@ -57,7 +57,7 @@ def test_mempool_ids_and_use_count():
 
 
 def test_mempool_refuses_cuda_only_options():
-    with pytest.raises(NotImplementedError, match="custom .*allocator is not supported on the npu"):
+    with pytest.raises(TypeError, match="allocator must be an NPUPluggableAllocator"):
         torch.npu.MemPool(allocator=object())
     with pytest.raises(NotImplementedError, match="use_on_oom"):
         torch.npu.MemPool(use_on_oom=True)
@@ -204,6 +204,44 @@ def test_caching_allocator_alloc_and_delete():
         torch.npu.caching_allocator_delete(ptr)
     with pytest.raises(TypeError, match="stream must be a torch.npu.Stream"):
         torch.npu.caching_allocator_alloc(10, stream="s")
+
+
+def test_caching_allocator_disabled_gives_memory_back_after_its_work():
+    torch.npu.synchronize()
+    torch.npu.empty_cache()
+    baseline = torch.npu.memory_reserved()
+    cached = torch.empty(MiB, dtype=torch.uint8, device="npu")
+    del cached
+    assert torch.npu.memory_reserved() > baseline  # cached while the allocator caches
+    with torch.npu.caching_allocator_disabled():
+        assert not torch_npu._C._caching_allocator_is_enabled()
+        assert torch.npu.memory_reserved() == baseline  # the cache went back on disabling
+        x = torch.ones(MiB, dtype=torch.uint8, device="npu")
+        assert torch.npu.memory_reserved() == baseline + MiB  # exactly its size, no segment rounding
+        torch.npu.synchronize()
+        del x
+        assert torch.npu.memory_reserved() == baseline  # its stream is past the free: back now
+        # Freed while queued work still writes it: kept until that work ran.
+        side = torch.npu.Stream()
+        y = torch.empty(MiB, dtype=torch.uint8, device="npu")
+        side.wait_stream(torch.npu.current_stream())
+        with torch.npu.stream(side):
+            torch.npu._sleep(50)
+            y.fill_(7)
+            total = y.sum(dtype=torch.int64)
+        y.record_stream(side)
+        del y
+        assert torch.npu.memory_reserved() == baseline + MiB + 512  # y, and the 0-dim total
+        assert total.item() == 7 * MiB
+        del total
+        torch.npu.synchronize()
+        z = torch.zeros(16, device="npu")  # the next allocation gives the passed segment back
+        assert torch.npu.memory_reserved() == baseline + 512
+        del z
+    assert torch_npu._C._caching_allocator_is_enabled()
+    a = torch.randn(64, 64, device="npu")
+    with torch.npu.caching_allocator_disabled():
+        assert torch.equal((a @ a).relu().cpu(), (a.cpu() @ a.cpu()).relu())
 
 
 def test_backend_aliases_and_nested_stats():

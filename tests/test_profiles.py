@@ -46,7 +46,7 @@ print(json.dumps({
     "mindspeed_910b": "910B" in torch.npu.get_device_name(), "bf16": torch.npu.is_bf16_supported(),
     "amp": [str(d) for d in torch.npu.get_amp_supported_dtype()], "profile": torch.npu.get_profile(),
     "props": {k: getattr(props, k) for k in ("name", "total_memory", "cube_core_num", "vector_core_num",
-                                             "L2_cache_size", "multi_processor_count")},
+                                             "L2_cache_size", "multi_processor_count", "clock_rate")},
 }))
 """
 
@@ -101,6 +101,7 @@ def test_identity_values_of_a_910b2_as_the_adapter_reports_them():
     assert got["name"] == "Ascend910B2" and got["soc"] == 221
     assert got["props"]["cube_core_num"] == 24 and got["props"]["vector_core_num"] == 48
     assert got["props"]["L2_cache_size"] == 192 * 2**20
+    assert got["props"]["clock_rate"] == 1800 * 1000  # kHz, as CUDA's
     assert got["props"]["total_memory"] == 2**30  # NPU_EMU_MEMORY caps the chip's 64 GiB
 
 

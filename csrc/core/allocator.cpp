@@ -57,6 +57,19 @@ struct Settings {
   std::string text;            // as given
 };
 Settings g_settings;
+// change_current_allocator's: segments of the general pools come from it (never reset).
+std::atomic<const allocator::SegmentSource*> g_current_source{nullptr};
+std::atomic<bool> g_allocated_once{false};
+std::shared_ptr<const allocator::SegmentSource> g_current_source_owner;
+std::shared_ptr<const allocator::SegmentSource> currentSourceShared() {
+  return g_current_source.load(std::memory_order_acquire) != nullptr ? g_current_source_owner : nullptr;
+}
+// MemPool(allocator=...): the pools whose segments come from a pluggable allocator.
+std::mutex g_pool_sources_mutex;
+std::map<c10::MempoolId_t, std::shared_ptr<const allocator::SegmentSource>> g_pool_sources;
+// torch.npu.caching_allocator_enable(False): no reuse of freed memory; each free
+// goes back to the device once its stream's work passed it (cudaFree waits likewise).
+std::atomic<bool> g_caching_enabled{true};
 
 std::size_t divisionsFor(std::size_t size) {
   const int log_size = floorLog2(size);
@@ -197,8 +210,9 @@ struct BlockOrder {
 using Pool = std::set<Block*, BlockOrder>;
 
 struct PrivatePool {
-  explicit PrivatePool(c10::MempoolId_t pool_id) : id(pool_id) {}
+  explicit PrivatePool(c10::MempoolId_t pool_id) : id(pool_id), source(allocator::poolSource(pool_id)) {}
   c10::MempoolId_t id;
+  std::shared_ptr<const allocator::SegmentSource> source;  // a pluggable allocator's, or the device
   Pool small;
   Pool large;
   int use_count = 0;
@@ -207,6 +221,7 @@ struct PrivatePool {
 };
 
 struct SegmentRecord {
+  std::shared_ptr<const allocator::SegmentSource> source;  // where it came from (null: the device)
   std::size_t size;
   int64_t stream;
   bool small;
@@ -237,14 +252,17 @@ class DeviceCache {
     PrivatePool* private_pool = activePool(stream);
     Pool& pool = poolFor(private_pool, small);
 
-    Block* block = takeBestFit(pool, size, stream, for_host);
+    // Graph and user pools keep caching while the caching allocator is off.
+    const bool uncached = private_pool == nullptr && !cachingGeneralPools();
+    if (C10_UNLIKELY(uncached)) releaseUncachedSegments();
+    Block* block = uncached ? nullptr : takeBestFit(pool, size, stream, for_host);
     if (block == nullptr) {
       // Graph and user pools keep ordinary segments.
-      const bool expand = !small && private_pool == nullptr && expandableEnabled();
+      const bool expand = !uncached && !small && private_pool == nullptr && expandableEnabled();
       auto more = [&]() -> Block* {
         if (expand) return growExpandable(size, stream, for_host, context);
-        const std::size_t segment_size = segmentSize(size, small);
-        void* memory = deviceAllocate(segment_size);
+        const std::size_t segment_size = uncached ? size : segmentSize(size, small);
+        void* memory = deviceAllocate(segment_size, private_pool, stream);
         if (memory == nullptr) return nullptr;
         return newSegment(static_cast<char*>(memory), segment_size, stream, small, private_pool, context);
       };
@@ -260,7 +278,7 @@ class DeviceCache {
       if (block == nullptr && expand && !refused_by_fraction_) {
         // No run of the reservation is long enough (the device may still have room).
         const std::size_t segment_size = segmentSize(size, small);
-        if (void* memory = deviceAllocate(segment_size)) {
+        if (void* memory = deviceAllocate(segment_size, private_pool, stream)) {
           block = newSegment(static_cast<char*>(memory), segment_size, stream, small, private_pool, context);
         }
       }
@@ -303,6 +321,7 @@ class DeviceCache {
           poolId(block->pool), context);
     if (block->stream_uses.empty()) {
       returnToPool(block);
+      if (C10_UNLIKELY(block->pool == nullptr && !cachingGeneralPools())) releaseUncachedSegments();
       return;
     }
     // Other streams may still read it: reuse only after their work so far ran.
@@ -567,13 +586,27 @@ class DeviceCache {
   }
 
   // The device's memory, within the per-process fraction; nullptr when refused.
-  void* deviceAllocate(std::size_t size) {
+  void* deviceAllocate(std::size_t size, PrivatePool* pool, int64_t stream) {
     const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
     if (allowed_ != kNoLimit && reserved + size > allowed_) {
       refused_by_fraction_ = true;
       return nullptr;
     }
+    if (const allocator::SegmentSource* source = sourceFor(pool)) {
+      return source->alloc(static_cast<ssize_t>(size), device_, &runtimeStream(stream));
+    }
     return rt().allocate(size);
+  }
+
+  const allocator::SegmentSource* sourceFor(const PrivatePool* pool) const {
+    return pool != nullptr ? pool->source.get() : g_current_source.load(std::memory_order_acquire);
+  }
+
+  // The general pools cache unless the caching allocator is off or a pluggable allocator
+  // replaced it (as on CUDA, where a pluggable allocator's memory is not cached).
+  static bool cachingGeneralPools() {
+    return g_caching_enabled.load(std::memory_order_relaxed) &&
+           g_current_source.load(std::memory_order_relaxed) == nullptr;
   }
 
   Block* newSegment(char* memory, std::size_t size, int64_t stream, bool small, PrivatePool* pool,
@@ -588,19 +621,26 @@ class DeviceCache {
       pool->segments++;
       pool->reserved += size;
     }
-    segments_.emplace(memory,
-                      SegmentRecord{size, stream, small, pool, g_history.record_state ? context : nullptr, oversize});
+    std::shared_ptr<const allocator::SegmentSource> source =
+        pool != nullptr ? pool->source : currentSourceShared();
+    segments_.emplace(memory, SegmentRecord{std::move(source), size, stream, small, pool,
+                                            g_history.record_state ? context : nullptr, oversize});
     trace(TraceEntry::SEGMENT_ALLOC, reinterpret_cast<std::size_t>(memory), size, stream, poolId(pool), context);
     return block;
   }
 
   // A whole, free segment (out of its pool) goes back to the device.
   void freeSegment(Block* block) {
-    rt().free(block->ptr);
+    auto record = segments_.find(block->ptr);
+    if (record != segments_.end() && record->second.source != nullptr) {
+      record->second.source->free(block->ptr, static_cast<ssize_t>(block->size), device_,
+                                  &runtimeStream(block->stream));
+    } else {
+      rt().free(block->ptr);
+    }
     stats_.num_device_free++;
     updateStat(stats_.segment, block->small, -1);
     updateStat(stats_.reserved_bytes, block->small, -static_cast<int64_t>(block->size));
-    auto record = segments_.find(block->ptr);
     if (record != segments_.end() && record->second.oversize) stats_.oversize_segments.decrease(1);
     if (block->pool != nullptr) {
       block->pool->segments--;
@@ -626,6 +666,24 @@ class DeviceCache {
   // reserved memory passes the fraction of what this process may use, whole cached
   // large segments of the general pool whose work completed are freed, the longest
   // unused first, until it is below.
+  // With the caching allocator off: the free whole segments whose stream has run
+  // past their free go back to the device (the others at a later call).
+  void releaseUncachedSegments() {
+    processPendingEvents();
+    for (Pool* pool : {&small_, &large_}) {
+      std::vector<Block*> done;
+      for (Block* block : *pool) {
+        if (block->expandable == nullptr && !block->isSplit() && runtimeStream(block->stream).passed(block->free_position)) {
+          done.push_back(block);
+        }
+      }
+      for (Block* block : done) {
+        pool->erase(block);
+        freeSegment(block);
+      }
+    }
+  }
+
   void collectGarbage() {
     std::size_t free_bytes = 0, total_bytes = 0;
     rt().memoryInfo(&free_bytes, &total_bytes);
@@ -1043,6 +1101,7 @@ class NPUCachingAllocator final : public c10::DeviceAllocator {
     if (n == 0) return c10::DataPtr(nullptr, c10::Device(kNPU, device));
     const int64_t stream = currentStream(device).id();
     runtimeDevice(device);  // the runtime is in use from here on (see inBadFork)
+    g_allocated_once.store(true, std::memory_order_relaxed);
     const bool for_host = holdingStream(device, stream);
     auto context = g_history.allocContext();  // Python's stack: gathered before the lock
     std::unique_lock<std::mutex> lock(mutex_);
@@ -1523,6 +1582,35 @@ std::string settingsVariable() {
 
 namespace allocator {
 void emptyCache() { g_allocator->releaseCachedMemory(); }
+void setCachingEnabled(bool enabled) {
+  g_caching_enabled.store(enabled);
+  if (!enabled) g_allocator->releaseCachedMemory();  // what the cache holds goes back now
+}
+bool cachingEnabled() { return g_caching_enabled.load(); }
+
+void setCurrentSource(std::shared_ptr<const SegmentSource> source) {
+  TORCH_CHECK(source != nullptr && source->alloc != nullptr && source->free != nullptr,
+              "torch.npu.memory.change_current_allocator: the allocator has no alloc or free function");
+  TORCH_CHECK(!g_allocated_once.load(), "torch.npu.memory.change_current_allocator: the npu allocator has already "
+              "allocated memory in this process; change it before the first npu tensor is made (as on CUDA)");
+  TORCH_CHECK(g_current_source.load() == nullptr, "torch.npu.memory.change_current_allocator: the current allocator "
+              "was already changed once in this process");
+  g_current_source_owner = std::move(source);
+  g_current_source.store(g_current_source_owner.get(), std::memory_order_release);
+}
+
+bool usingPluggableAllocator() { return g_current_source.load() != nullptr; }
+
+void setPoolSource(c10::MempoolId_t pool, std::shared_ptr<const SegmentSource> source) {
+  std::lock_guard<std::mutex> lock(g_pool_sources_mutex);
+  g_pool_sources[pool] = std::move(source);
+}
+
+std::shared_ptr<const SegmentSource> poolSource(c10::MempoolId_t pool) {
+  std::lock_guard<std::mutex> lock(g_pool_sources_mutex);
+  auto it = g_pool_sources.find(pool);
+  return it == g_pool_sources.end() ? nullptr : it->second;
+}
 std::map<std::string, int64_t> memoryStats(c10::DeviceIndex device) {
   return g_allocator->stats(resolveDevice(device));
 }

@@ -11,6 +11,8 @@
 #include <c10/core/Stream.h>
 
 #include <functional>
+#include <memory>
+#include <sys/types.h>
 #include <map>
 #include <string>
 #include <vector>
@@ -29,6 +31,27 @@ namespace allocator {
 
 // Frees every cached block that is not in use (torch.npu.empty_cache()).
 void emptyCache();
+// torch.npu.caching_allocator_enable: off, freed memory is not reused but goes back
+// to the device once its stream's work is done (graph and user pools still cache).
+void setCachingEnabled(bool enabled);
+bool cachingEnabled();
+
+// A pluggable allocator (torch.npu.memory.NPUPluggableAllocator): functions of a
+// shared library that give and take back the memory of segments instead of the device.
+// `stream` is the runtime stream the segment is first used on (Stream.npu_stream).
+struct SegmentSource {
+  using AllocFn = void* (*)(ssize_t size, int device, void* stream);
+  using FreeFn = void (*)(void* ptr, ssize_t size, int device, void* stream);
+  AllocFn alloc = nullptr;
+  FreeFn free = nullptr;
+};
+// change_current_allocator: the general pools' segments come from `source`, uncached
+// (each free goes back to it once its stream's work ran). Only before the first allocation.
+void setCurrentSource(std::shared_ptr<const SegmentSource> source);
+bool usingPluggableAllocator();
+// MemPool(allocator=...): the pool's segments come from `source` (cached within the pool).
+void setPoolSource(c10::MempoolId_t pool, std::shared_ptr<const SegmentSource> source);
+std::shared_ptr<const SegmentSource> poolSource(c10::MempoolId_t pool);
 // Flattened statistics: "allocated_bytes.all.current", "num_ooms", ...
 std::map<std::string, int64_t> memoryStats(c10::DeviceIndex device);
 void resetPeakStats(c10::DeviceIndex device);

@@ -262,6 +262,23 @@ std::optional<double> cubeFlops(const std::string& name, const torch::jit::Stack
     }
     return 2.0 * static_cast<double>(input->size(0)) * static_cast<double>(weight->size(0)) * spatial * per_output;
   }
+  if (name == "npu::npu_grouped_matmul" || name == "npu::npu_quant_matmul") {
+    // x (or each x of a list) times a weight of n columns; int32 operands pack eight int4
+    const auto tensors = [&](size_t i) {
+      std::vector<at::Tensor> list;
+      if (begin + i < stack.size()) eachTensor(stack[begin + i], [&](const at::Tensor& t) { list.push_back(t); });
+      return list;
+    };
+    const auto xs = tensors(0), ws = tensors(1);
+    if (xs.empty() || ws.empty() || !xs[0].defined() || !ws[0].defined()) return std::nullopt;
+    const double unpack = xs[0].scalar_type() == at::kInt ? 8.0 : 1.0;
+    double flops = 0;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const at::Tensor& w = ws.size() == xs.size() ? ws[i] : ws[0];
+      flops += 2.0 * elements(xs[i]) * unpack * static_cast<double>(w.size(-1)) * unpack;
+    }
+    return flops;
+  }
   if (name.rfind("aten::_scaled_dot_product", 0) == 0 || name.rfind("aten::_flash_attention", 0) == 0) {
     const at::Tensor *q = t(0), *k = t(1);
     if (q == nullptr || k == nullptr || q->dim() < 2) return std::nullopt;
@@ -297,6 +314,12 @@ KernelWork estimateWork(const c10::OperatorHandle& op, const torch::jit::Stack& 
   if (auto flops = cubeFlops(schema.name(), stack, begin)) {
     work.cube = true;
     work.flops = *flops;
+    // int8 (and int4) matmuls run at the matrix unit's fastest rate, not their float scales'
+    if (begin < stack.size()) {
+      eachTensor(stack[begin], [&](const at::Tensor& t) {
+        if (t.defined() && (t.scalar_type() == at::kChar || t.scalar_type() == at::kInt)) work.dtype = at::kChar;
+      });
+    }
     return work;  // the output is small beside the operands' traffic for these ops
   }
   work.flops = largest;  // one operation per element of the largest operand

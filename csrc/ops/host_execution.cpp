@@ -5,7 +5,21 @@
 #include <ATen/SparseCsrTensorImpl.h>
 #include <ATen/SparseCsrTensorUtils.h>
 #include <ATen/SparseTensorImpl.h>
+#include <ATen/quantized/QTensorImpl.h>
+#include <ATen/quantized/Quantizer.h>
 #include <ATen/ops/_sparse_compressed_tensor_unsafe.h>
+#include <ATen/ops/_empty_affine_quantized_native.h>
+#include <ATen/ops/_empty_per_channel_affine_quantized_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/empty_quantized_native.h>
+#include <ATen/ops/q_per_channel_axis_native.h>
+#include <ATen/ops/q_per_channel_scales_native.h>
+#include <ATen/ops/q_per_channel_zero_points_native.h>
+#include <ATen/ops/q_scale_native.h>
+#include <ATen/ops/q_zero_point_native.h>
+#include <ATen/ops/qscheme_native.h>
+#include <ATen/ops/view_native.h>
 #include <ATen/ops/ccol_indices_native.h>
 #include <ATen/ops/col_indices_native.h>
 #include <ATen/ops/crow_indices_native.h>
@@ -23,6 +37,7 @@
 #include <chrono>
 
 #include "../core/allocator.h"
+#include "../core/copy.h"
 #include "../dispatch/arguments.h"
 #include "../dispatch/fallback.h"
 #include "../dispatch/op_names.h"
@@ -107,6 +122,27 @@ at::Tensor storageAsTensor(const at::Tensor& nested) {
   return at::native::get_nested_tensor_impl(nested)->get_unsafe_storage_as_tensor();
 }
 
+// A quantized tensor (QTensorImpl, with `quantizer`) over the memory and geometry of `plain`.
+at::Tensor quantizedOver(const at::Tensor& plain, c10::DispatchKey key, at::QuantizerPtr quantizer) {
+  at::Tensor q = at::detail::make_tensor<at::QTensorImpl>(c10::Storage(plain.storage()), c10::DispatchKeySet(key),
+                                                          plain.dtype(), std::move(quantizer));
+  q.unsafeGetTensorImpl()->set_sizes_and_strides(plain.sizes(), plain.strides(), plain.storage_offset());
+  return q;
+}
+
+// The quantizer of `q` with its per-channel scales and zero points passed through `move`
+// (a per-tensor quantizer holds no tensors and serves every device).
+template <class Move>
+at::QuantizerPtr quantizerWith(const at::Tensor& q, Move move) {
+  const at::QuantizerPtr quantizer = at::get_qtensorimpl(q)->quantizer();
+  if (quantizer->qscheme() != c10::kPerChannelAffine && quantizer->qscheme() != c10::kPerChannelAffineFloatQParams) {
+    return quantizer;
+  }
+  const auto* per_channel = static_cast<const at::PerChannelAffineQuantizer*>(quantizer.get());
+  return at::make_per_channel_affine_quantizer(move(per_channel->scales()), move(per_channel->zero_points()),
+                                               per_channel->axis(), quantizer->scalar_type());
+}
+
 at::SparseTensorImpl* sparseImpl(const at::Tensor& t) {
   return static_cast<at::SparseTensorImpl*>(t.unsafeGetTensorImpl());
 }
@@ -143,6 +179,11 @@ at::Tensor HostExecution::alias(const at::Tensor& t) {
               "devices, ", device_, " and ", t.device(), "! Move them with .to('", device_, "') first.");
   // Resizable through the CPU allocator, which serves npu memory here (out= resizes).
   at::Tensor alias = cpuAlias(t, c10::GetCPUAllocator());
+  if (t.is_quantized()) {
+    // The QuantizedCPU tensor over the same memory; per-channel scales are aliased too.
+    alias = quantizedOver(alias, c10::DispatchKey::QuantizedCPU,
+                          quantizerWith(t, [this](const at::Tensor& q) { return this->alias(q); }));
+  }
   const void* memory = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl()->data();
   originals_.emplace(alias.unsafeGetTensorImpl(), Aliased{alias, t});
   if (memory != nullptr) by_memory_.emplace(memory, t);
@@ -164,6 +205,11 @@ at::Tensor HostExecution::toNpu(const at::Tensor& result) {
     if (result.is_nested()) return nestedOver(toNpu(storageAsTensor(result)), result);
     return newSparse(c10::DispatchKey::SparsePrivateUse1, result, toNpu(sparseImpl(result)->indices()),
                      toNpu(sparseImpl(result)->values()));
+  }
+  if (result.is_quantized()) {
+    if (auto it = originals_.find(result.unsafeGetTensorImpl()); it != originals_.end()) return it->second.original;
+    return quantizedOver(adoptOrView(result), c10::DispatchKey::QuantizedPrivateUse1,
+                         quantizerWith(result, [this](const at::Tensor& q) { return toNpu(q); }));
   }
   at::Tensor out = adoptOrView(result);
   // A lazy conjugate or negation (e.g. fft's ret.conj()) stays lazy on the npu.
@@ -386,4 +432,78 @@ TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
   m.impl("_nnz", TORCH_FN(at::native::_nnz_sparse_csr));
   m.impl("sparse_dim", TORCH_FN(at::native::sparse_dim_sparse_csr));
   m.impl("dense_dim", TORCH_FN(at::native::dense_dim_sparse_csr));
+}
+
+// ---- quantized tensors (torch.quantize_per_tensor, per channel) -----------------------
+// A quantized npu tensor is a QTensorImpl over npu memory, its per-channel scales
+// and zero points npu tensors. Its kernels are the QuantizedCPU ones, run on host
+// views in stream order (op_library.cpp); here are its constructors, accessors,
+// views and the copy between devices (bytes, with the quantizer).
+namespace npu::ops {
+namespace {
+
+// The integer tensor under a quantized one (same memory, same geometry), on its device.
+at::Tensor integerView(const at::Tensor& q) {
+  const c10::ScalarType type = c10::toUnderlying(q.scalar_type());
+  TORCH_CHECK(c10::elementSize(q.scalar_type()) == c10::elementSize(type) &&
+                  q.scalar_type() != c10::kQUInt4x2 && q.scalar_type() != c10::kQUInt2x4,
+              "aten::copy_ on ", q.device(), ": packed sub-byte quantized tensors (", q.scalar_type(),
+              ") cannot move between devices; use qint8, quint8 or qint32");
+  const c10::DispatchKey key = q.device().type() == kNPU ? c10::DispatchKey::PrivateUse1 : c10::DispatchKey::CPU;
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(q.storage()), c10::DispatchKeySet(key),
+                                                          c10::scalarTypeToTypeMeta(type));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(q.sizes(), q.strides(), q.storage_offset());
+  return t;
+}
+
+at::Tensor& quantizedCopy(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  TORCH_CHECK(self.is_quantized(), "aten::copy_: copying a quantized tensor (on ", src.device(), ") into a ",
+              "non-quantized one (on ", self.device(), ") is not allowed; call .dequantize() first for a float tensor");
+  if (!src.is_quantized()) {
+    // Quantizing with self's parameters, where self lives.
+    if (self.device().type() != kNPU) return self.copy_(src.cpu());
+    const at::Tensor source = src.to(self.device());
+    HostExecution exec(self.device(), "aten::copy_");
+    exec.alias(self).copy_(exec.alias(source));
+    return self;
+  }
+  TORCH_CHECK(self.qscheme() == src.qscheme(), "aten::copy_ on ", self.device(), ": the quantized tensors have ",
+              "different schemes (", toString(self.qscheme()), " and ", toString(src.qscheme()), "); quantize both alike");
+  TORCH_CHECK(self.scalar_type() == src.scalar_type(), "aten::copy_ on ", self.device(), ": the quantized tensors ",
+              "have different dtypes (", self.scalar_type(), " and ", src.scalar_type(), ")");
+  const c10::Device target = self.device();
+  at::set_quantizer_(self, quantizerWith(src, [&](const at::Tensor& t) { return t.to(target); }));
+  at::Tensor dst = integerView(self);
+  copyTensor(dst, integerView(src), non_blocking);
+  return self;
+}
+
+at::Tensor emptyPerChannelQuantized(at::IntArrayRef size, const at::Tensor& scales, const at::Tensor& zero_points,
+                                    int64_t axis, std::optional<c10::ScalarType> dtype,
+                                    std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                                    std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
+  // The scales and zero points live with the tensor, as on CUDA.
+  const c10::Device target = device.value_or(c10::Device(kNPU, currentDevice()));
+  return at::native::empty_per_channel_affine_quantized(size, scales.to(target), zero_points.to(target), axis, dtype,
+                                                        layout, target, pin_memory, memory_format);
+}
+
+}  // namespace
+}  // namespace npu::ops
+
+TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(at::native::empty_unknown_quantized));
+  m.impl("_empty_affine_quantized", TORCH_FN(at::native::empty_affine_quantized));
+  m.impl("_empty_per_channel_affine_quantized", TORCH_FN(npu::ops::emptyPerChannelQuantized));
+  m.impl("empty_quantized", TORCH_FN(at::native::empty_quantized));
+  m.impl("q_scale", TORCH_FN(at::native::q_scale_quant));
+  m.impl("q_zero_point", TORCH_FN(at::native::q_zero_point_quant));
+  m.impl("qscheme", TORCH_FN(at::native::qscheme_quant));
+  m.impl("q_per_channel_scales", TORCH_FN(at::native::q_per_channel_scales));
+  m.impl("q_per_channel_zero_points", TORCH_FN(at::native::q_per_channel_zero_points));
+  m.impl("q_per_channel_axis", TORCH_FN(at::native::q_per_channel_axis));
+  m.impl("as_strided", TORCH_FN(at::native::as_strided_qtensorimpl));
+  m.impl("view", TORCH_FN(at::native::view));
+  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  m.impl("copy_", TORCH_FN(npu::ops::quantizedCopy));
 }

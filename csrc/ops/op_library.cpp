@@ -125,6 +125,8 @@ std::vector<LibraryEntry> libraryEntries() {
             "_histogramdd_bin_edges", "_embedding_bag_per_sample_weights_backward", "segment_reduce",
             "_segment_reduce_backward", "renorm", "trace", "diff", "cross",
             "isin", "_assert_async", "view_as_real", "view_as_complex"});
+  // Quantization of npu tensors (their quantized results: host_execution.cpp).
+  add(floating, {"quantize_per_tensor", "quantize_per_channel", "dequantize"});
   // Optimisers (torch.optim's foreach paths, GradScaler).
   add(all, {"_foreach_add", "_foreach_sub", "_foreach_mul", "_foreach_div", "_foreach_addcmul", "_foreach_addcdiv",
             "_foreach_sqrt", "_foreach_lerp", "_foreach_norm", "_foreach_maximum", "_foreach_minimum",
@@ -197,6 +199,10 @@ int64_t sdpaChoice(const at::Tensor& query, const at::Tensor& key, const at::Ten
 TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&runOnHostFor<c10::DispatchKey::NestedTensorCPU>>());
 }
+// Quantized npu tensors: their QuantizedCPU kernels (dequantize, int_repr, ...) on host views.
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&runOnHostFor<c10::DispatchKey::QuantizedCPU>>());
+}
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&runOnHostFor<c10::DispatchKey::SparseCPU>>());
 }
@@ -242,6 +248,9 @@ void registerOpLibrary() {
     });
     registerLayoutKernels(*layouts, c10::DispatchKey::NestedTensorCPU, c10::DispatchKey::NestedTensorPrivateUse1, [] {
       return torch::CppFunction::makeFromBoxedFunction<&runOnHostFor<c10::DispatchKey::NestedTensorCPU>>();
+    });
+    registerLayoutKernels(*layouts, c10::DispatchKey::QuantizedCPU, c10::DispatchKey::QuantizedPrivateUse1, [] {
+      return torch::CppFunction::makeFromBoxedFunction<&runOnHostFor<c10::DispatchKey::QuantizedCPU>>();
     });
     registerLayoutKernels(*layouts, c10::DispatchKey::SparseCsrCPU, c10::DispatchKey::SparseCsrPrivateUse1, [] {
       return torch::CppFunction::makeFromBoxedFunction<&compressedFallback>();

@@ -273,6 +273,26 @@ void bindMemory(py::module_& m) {
         [](int64_t d) { npu::allocator::resetAccumulatedStats(npu::toDeviceIndex(d)); });
   m.def("_memory_summary", [](int64_t d) { return npu::allocator::memorySummary(npu::toDeviceIndex(d)); });
   m.def("_empty_cache", [] { npu::allocator::emptyCache(); }, py::call_guard<py::gil_scoped_release>());
+  m.def("_caching_allocator_enable", [](bool enabled) { npu::allocator::setCachingEnabled(enabled); },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("_caching_allocator_is_enabled", [] { return npu::allocator::cachingEnabled(); });
+  // Pluggable allocators: the alloc/free functions' addresses, from ctypes.
+  using SegmentSource = npu::allocator::SegmentSource;
+  py::class_<SegmentSource, std::shared_ptr<SegmentSource>>(m, "_PluggableAllocator")
+      .def(py::init([](uintptr_t alloc, uintptr_t free) {
+        TORCH_CHECK(alloc != 0 && free != 0, "NPUPluggableAllocator: the alloc and free functions must not be null");
+        auto source = std::make_shared<SegmentSource>();
+        source->alloc = reinterpret_cast<SegmentSource::AllocFn>(alloc);
+        source->free = reinterpret_cast<SegmentSource::FreeFn>(free);
+        return source;
+      }));
+  m.def("_change_current_allocator", [](std::shared_ptr<SegmentSource> source) {
+    npu::allocator::setCurrentSource(std::move(source));
+  });
+  m.def("_using_pluggable_allocator", [] { return npu::allocator::usingPluggableAllocator(); });
+  m.def("_set_pool_allocator", [](uint64_t a, uint64_t b, std::shared_ptr<SegmentSource> source) {
+    npu::allocator::setPoolSource(c10::MempoolId_t(a, b), std::move(source));
+  });
 
   // The pinned host allocator: torch.cuda.host_memory_stats_as_nested_dict()'s structure.
   m.def("_host_memory_stats", [] {

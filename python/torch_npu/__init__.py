@@ -47,6 +47,17 @@ from . import optim  # noqa: E402
 from . import profiler  # noqa: E402
 from . import utils  # noqa: E402  (torch_npu.utils: the Ascend adapter's pickle function, for msprobe)
 from ._attention import npu_fusion_attention  # noqa: E402
+from ._llm_attention import (  # noqa: E402
+    _npu_fused_infer_attention_score_get_max_workspace,
+    _npu_fused_infer_attention_score_v2_get_max_workspace,
+    npu_fused_infer_attention_score,
+    npu_fused_infer_attention_score_v2,
+    npu_fusion_attention_grad,
+    npu_gather_pa_kv_cache,
+    npu_incre_flash_attention,
+    npu_prompt_flash_attention,
+    npu_scatter_pa_kv_cache,
+)
 from ._formats import Format, get_npu_format, npu_format_cast, npu_format_cast_  # noqa: E402
 from ._fused import (  # noqa: E402
     npu_add_rms_norm,
@@ -54,6 +65,16 @@ from ._fused import (  # noqa: E402
     npu_rms_norm,
     npu_rotary_mul,
     npu_swiglu,
+)
+from ._llm_moe import (  # noqa: E402
+    npu_convert_weight_to_int4pack,
+    npu_dynamic_quant,
+    npu_grouped_matmul,
+    npu_moe_gating_top_k_softmax,
+    npu_moe_init_routing_v2,
+    npu_moe_token_unpermute,
+    npu_quant_matmul,
+    npu_trans_quant_param,
 )
 from ._llm_position import (  # noqa: E402
     npu_apply_rotary_pos_emb,

@@ -74,7 +74,9 @@ def _attend(q, k, v, keep, pse, scale: float, keep_prob: float):
     if keep is not None:
         bias = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill(~keep, float("-inf"))
     if pse is not None:
-        bias = pse.to(q.dtype) if bias is None else bias + pse.to(q.dtype)
+        # Ascend's formula: softmax(scale * (q k^T + pse)); sdpa adds the bias to the scaled scores.
+        scaled = pse.to(q.dtype) * scale
+        bias = scaled if bias is None else bias + scaled
     if keep_prob >= 1.0 and not (pse is not None and pse.requires_grad):
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=bias, scale=scale)

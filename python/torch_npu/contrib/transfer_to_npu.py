@@ -123,6 +123,8 @@ CUDA_NAMES = {
         "set_per_process_memory_fraction": "(fraction, device=None)", "use_mem_pool": "(pool, device=None)",
         "host_memory_stats": "()", "host_memory_stats_as_nested_dict": "()",
         "reset_accumulated_host_memory_stats": "()", "reset_peak_host_memory_stats": "()",
+        "caching_allocator_enable": "(value=True)", "caching_allocator_disabled": "()",
+        "CUDAPluggableAllocator": CLASS, "change_current_allocator": "(allocator)",
     },
     "legacy tensor types": {name: "class (metaclass tensortype)" for name in (
         "BFloat16Tensor", "BoolTensor", "ByteTensor", "CharTensor", "DoubleTensor", "FloatTensor", "HalfTensor",
@@ -137,7 +139,7 @@ CUDA_NAMES = {
         "set_rng_state": "(new_state, device='cuda')", "set_rng_state_all": "(new_states)",
     },
 }
-NPU_NAMES = {"CUDAGraph": "NPUGraph"}
+NPU_NAMES = {"CUDAGraph": "NPUGraph", "CUDAPluggableAllocator": "NPUPluggableAllocator"}
 # torch.cuda.amp's names that torch.npu.amp provides.
 CUDA_AMP_NAMES = {"autocast": CLASS, "GradScaler": CLASS, "custom_fwd": "(fwd=None, *, cast_inputs=None)",
                   "custom_bwd": "(bwd)", "amp_definitely_not_available": "()"}

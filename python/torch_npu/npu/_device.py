@@ -1,5 +1,6 @@
 """Devices: selection, properties, synchronisation."""
 from dataclasses import dataclass
+import uuid as _uuid
 from typing import Any, Optional, Union
 
 import torch
@@ -111,7 +112,14 @@ def synchronize(device: _DeviceLike = None) -> None:
 @dataclass(frozen=True)
 class _NPUDeviceProperties:
     """torch.cuda's fields, and the Ascend adapter's (cube_core_num, vector_core_num, L2_cache_size):
-    the chip's under a device profile, the host's on generic (L2_cache_size 0: unknown)."""
+    the chip's under a device profile, the host's on generic (L2_cache_size 0: unknown).
+
+    ``uuid`` is stable for a device of this machine and profile, in every process. ``clock_rate``
+    (kHz, as CUDA's) is the profile chip's cube clock. What no figure exists for (the memory
+    clock and bus width, PCI location) is 0; the emulated device is discrete (``is_integrated`` 0).
+    CUDA's SIMT fields (warp size, registers, threads, shared memory) mean nothing on an NPU and
+    are absent.
+    """
     name: str
     total_memory: int
     multi_processor_count: int
@@ -120,6 +128,15 @@ class _NPUDeviceProperties:
     cube_core_num: int
     vector_core_num: int
     L2_cache_size: int
+    uuid: _uuid.UUID = _uuid.UUID(int=0)
+    clock_rate: int = 0
+    memory_clock_rate: int = 0
+    memory_bus_width: int = 0
+    is_integrated: int = 0
+    is_multi_gpu_board: int = 0
+    pci_bus_id: int = 0
+    pci_device_id: int = 0
+    pci_domain_id: int = 0
 
     def __repr__(self) -> str:
         return (f"_NPUDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
@@ -227,8 +244,20 @@ def get_sync_debug_mode() -> int:
     return _C._get_sync_debug_mode()
 
 
+def _device_uuid(index: int, name: str) -> _uuid.UUID:
+    try:
+        with open("/etc/machine-id", encoding="ascii") as f:
+            machine = f.read().strip()
+    except OSError:
+        import socket
+        machine = socket.gethostname()
+    return _uuid.uuid5(_uuid.NAMESPACE_OID, f"torch_npu/{machine}/{name}/npu{index}")
+
+
 def get_device_properties(device: _DeviceLike = None) -> _NPUDeviceProperties:
-    return _NPUDeviceProperties(**_C._device_properties(_get_device_index(device)))
+    index = _get_device_index(device)
+    fields = _C._device_properties(index)
+    return _NPUDeviceProperties(**fields, uuid=_device_uuid(index, fields["name"]), clock_rate=clock_rate(index) * 1000)
 
 
 def get_device_name(device: _DeviceLike = None) -> str:

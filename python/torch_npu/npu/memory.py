@@ -55,6 +55,27 @@ def empty_cache() -> None:
     _C._empty_cache()
 
 
+def caching_allocator_enable(value: bool = True) -> None:
+    """Turns the caching allocator on (the default) or off, as torch.cuda's.
+
+    Off, freed memory is never reused: it goes back to the device once the work
+    queued on its stream before the free has run, and what the cache held goes
+    back at once. Graph pools and MemPools keep caching.
+    """
+    _C._caching_allocator_enable(bool(value))
+
+
+@contextlib.contextmanager
+def caching_allocator_disabled():
+    """The caching allocator off inside the block, as it was after."""
+    previous = _C._caching_allocator_is_enabled()
+    caching_allocator_enable(False)
+    try:
+        yield
+    finally:
+        caching_allocator_enable(previous)
+
+
 def memory_stats_as_nested_dict(device: Any = None) -> Dict[str, Any]:
     """memory_stats() as nested dicts: {"allocated_bytes": {"all": {"current": ...}}}, as torch.cuda's."""
     nested: Dict[str, Any] = {}
@@ -180,16 +201,17 @@ class MemPool:
     inside ``use_mem_pool(pool)`` come from the pool's own segments and are cached there only;
     the segments go back to the device when the pool is deleted (and its tensors are freed).
 
-    ``allocator`` (a pluggable allocator), ``use_on_oom`` and ``no_split`` are CUDA options the
-    npu allocator does not have; they raise rather than be ignored.
+    ``allocator`` (``NPUPluggableAllocator(...).allocator()``) makes the pool take its segments
+    from that allocator's functions (cached within the pool). ``use_on_oom`` and ``no_split`` are
+    CUDA options the npu allocator does not have; they raise rather than be ignored.
     """
 
     def __init__(self, allocator: Any = None, use_on_oom: bool = False, no_split: bool = False):
         import weakref
 
-        if allocator is not None:
-            raise NotImplementedError("torch.npu.MemPool: a custom (pluggable) allocator is not supported on the "
-                                      "npu; pools always use the npu caching allocator, so pass allocator=None")
+        if allocator is not None and not isinstance(allocator, _C._PluggableAllocator):
+            raise TypeError("torch.npu.MemPool: allocator must be an NPUPluggableAllocator's .allocator(), got "
+                            f"{type(allocator).__name__}")
         if use_on_oom or no_split:
             raise NotImplementedError("torch.npu.MemPool: use_on_oom and no_split are not supported on the npu; "
                                       "leave them False")
@@ -197,6 +219,9 @@ class MemPool:
 
         self._device = current_device()
         self._id = tuple(_C._new_pool_id(True))
+        self._allocator = allocator
+        if allocator is not None:
+            _C._set_pool_allocator(*self._id, allocator)  # its segments come from the allocator
         _C._retain_pool(self._device, *self._id)
         self._finalizer = weakref.finalize(self, MemPool._release, self._device, self._id)
         self._finalizer.atexit = False  # the process ends: nothing to give back
@@ -222,6 +247,64 @@ class MemPool:
 
     def __repr__(self):
         return f"torch.npu.MemPool(id={self._id}, device=npu:{self._device})"
+
+
+class _NPUAllocator:
+    """An npu memory allocator, as torch.cuda.memory._CUDAAllocator: ``allocator()`` is what
+    ``MemPool(allocator=...)`` takes."""
+
+    def __init__(self, allocator):
+        self._allocator = allocator
+
+    def allocator(self):
+        return self._allocator
+
+
+class NPUPluggableAllocator(_NPUAllocator):
+    """An allocator whose functions live in a shared library (torch.cuda.CUDAPluggableAllocator's
+    npu form, the Ascend adapter's name). The library exports::
+
+        void* alloc_fn_name(ssize_t size, int device, void* stream);
+        void free_fn_name(void* ptr, ssize_t size, int device, void* stream);
+
+    ``stream`` is the runtime stream (``Stream.npu_stream``) the memory is first used on. The
+    memory must be addressable by the device (on the emulated npu: host memory). Frees are called
+    once the work queued before them has run. Use it for one pool
+    (``MemPool(allocator=a.allocator())``) or for every allocation (``change_current_allocator``).
+    """
+
+    def __init__(self, path_to_so_file: str, alloc_fn_name: str, free_fn_name: str):
+        import ctypes
+
+        self._library = ctypes.CDLL(path_to_so_file)  # kept loaded as long as the allocator lives
+        addresses = []
+        for name in (alloc_fn_name, free_fn_name):
+            try:
+                addresses.append(ctypes.cast(getattr(self._library, name), ctypes.c_void_p).value)
+            except AttributeError:
+                raise AttributeError(f"NPUPluggableAllocator: {path_to_so_file} has no function {name!r}") from None
+        super().__init__(_C._PluggableAllocator(*addresses))
+        _loaded_libraries.append(self._library)  # segments may outlive the object: never unload
+
+
+_loaded_libraries = []
+_current_allocator: Optional[_NPUAllocator] = None
+
+
+def change_current_allocator(allocator: _NPUAllocator) -> None:
+    """Makes ``allocator`` (an NPUPluggableAllocator) serve every npu allocation outside private
+    pools, uncached, as torch.cuda's: only before the first npu tensor of the process."""
+    global _current_allocator
+    if not isinstance(allocator, _NPUAllocator) or not isinstance(allocator.allocator(), _C._PluggableAllocator):
+        raise TypeError("torch.npu.memory.change_current_allocator: expected an NPUPluggableAllocator, got "
+                        f"{type(allocator).__name__}")
+    _C._change_current_allocator(allocator.allocator())
+    _current_allocator = allocator
+
+
+def _get_current_allocator() -> Optional[_NPUAllocator]:
+    """The allocator change_current_allocator installed (None: the caching allocator)."""
+    return _current_allocator
 
 
 @contextlib.contextmanager

@@ -1,12 +1,17 @@
 """Optimisers under the Ascend adapter's names (``torch_npu.optim.NpuFused*``; the HF Trainer's
 ``optim="adamw_torch_npu_fused"``): each is PyTorch's optimizer with the Ascend signature and
 defaults, stepping all parameters of a group as one fused (``_fused_*_``) or multi-tensor
-(``_foreach_*``) kernel per step on the npu. Results equal PyTorch's.
+(``_foreach_*``) kernel per step on the npu. Results equal PyTorch's. NpuFusedLamb,
+NpuFusedAdamP and NpuFusedBertAdam, which PyTorch has no counterpart for, follow the Ascend
+adapter's update rules (``_ascend_only.py``).
 """
 import torch
 from torch.optim.optimizer import required
 
-__all__ = ["NpuFusedAdam", "NpuFusedAdamW", "NpuFusedSGD", "NpuFusedRMSprop", "NpuFusedAdadelta"]
+from ._ascend_only import NpuFusedAdamP, NpuFusedBertAdam, NpuFusedLamb
+
+__all__ = ["NpuFusedAdam", "NpuFusedAdamW", "NpuFusedSGD", "NpuFusedRMSprop", "NpuFusedAdadelta", "NpuFusedLamb",
+           "NpuFusedAdamP", "NpuFusedBertAdam"]
 
 
 class NpuFusedAdamW(torch.optim.AdamW):

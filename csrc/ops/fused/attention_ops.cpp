@@ -1,0 +1,1650 @@
+// The attention operators of LLM serving, with the Ascend adapter's signatures:
+// npu_prompt_flash_attention (prefill), npu_incre_flash_attention (decode),
+// npu_fused_infer_attention_score (+ _v2: either), npu_scatter_pa_kv_cache /
+// npu_gather_pa_kv_cache (the paged KV cache) and npu_fusion_attention_grad (the
+// backward of npu_fusion_attention, torch_npu/_attention.py).
+//
+// One attention core serves them all. The work is tiles: query rows of one batch
+// for the group of query heads of one kv head (GQA: consecutive query heads share
+// a kv head), each over only the keys its rows can see (the sparse mode's
+// geometry, the band, the actual lengths). A tile takes one float32 matmul for
+// its scores, one pass per row for the maximum and one for exp and the sum
+// (atten_mask applied there), and one matmul by V: the full score matrix never
+// exists. Where a row of a tensor lies is an affine
+// function of (batch, head, position) for each layout (Rows), or the block
+// table's mapping for a paged cache, so no layout is ever transposed in memory.
+//
+// The kernels are boxed: these operators have up to 45 arguments, most of them
+// quantization options the npu refuses; the kernels read arguments by name and
+// every unsupported option is refused by name. Meta kernels (the same checks and
+// shapes) let torch.compile trace them.
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../../core/device.h"
+#include "../../core/profile.h"
+#include "../../runtime/tracing.h"
+#include "../host_execution.h"
+
+namespace npu::ops {
+namespace {
+
+// Runs `compute` on host tensors: for npu inputs inside a HostExecution (so the
+// outputs it allocates are npu memory, and writes to an input's alias write the
+// npu tensor), for cpu inputs directly. (fused_ops.cpp has the same helper.)
+template <class Compute>
+auto onHost(const char* op, std::initializer_list<std::reference_wrapper<const at::Tensor>> tensors,
+            Compute compute) {
+  const at::Tensor& first = tensors.begin()->get();
+  for (const at::Tensor& t : tensors) {
+    TORCH_CHECK(!t.defined() || t.device() == first.device(), "Expected all tensors to be on the same device, but "
+                "found at least two devices, ", first.device(), " and ", t.device(), "! (npu::", op,
+                "; move them with .to('", first.device(), "'))");
+  }
+  if (first.device().type() != kNPU) return compute([](const at::Tensor& t) { return t.defined() ? t.contiguous() : t; },
+                                                    [](const at::Tensor& t) { return t; });
+  HostExecution exec(first.device(), op);
+  return compute([&](const at::Tensor& t) { return t.defined() ? exec.alias(t).contiguous() : t; },
+                 [&](const at::Tensor& t) { return exec.toNpu(t); });
+}
+
+constexpr int64_t kNoBand = 2147483647;
+// At most this many query rows per tile: causal tiles then skip about half the keys.
+constexpr int64_t kTileRows = 64;
+
+// ---- boxed arguments ---------------------------------------------------------------
+
+// The arguments of a boxed call, by name (the schema's defaults are filled in).
+class Args {
+ public:
+  Args(const c10::OperatorHandle& op, torch::jit::Stack* stack)
+      : schema_(op.schema()), stack_(stack), count_(schema_.arguments().size()) {}
+
+  const c10::IValue& operator[](const char* name) const {
+    const auto index = schema_.argumentIndexWithName(name);
+    TORCH_INTERNAL_ASSERT(index.has_value(), "no argument ", name, " in ", schema_.name());
+    return (*stack_)[stack_->size() - count_ + *index];
+  }
+  at::Tensor tensor(const char* name) const {
+    const c10::IValue& v = (*this)[name];
+    return v.isNone() ? at::Tensor() : v.toTensor();
+  }
+  int64_t integer(const char* name) const { return (*this)[name].toInt(); }
+  double real(const char* name) const { return (*this)[name].toDouble(); }
+  bool flag(const char* name) const { return (*this)[name].toBool(); }
+  std::string str(const char* name) const {
+    const c10::IValue& v = (*this)[name];
+    return v.isNone() ? std::string() : std::string(v.toStringRef());
+  }
+  bool given(const char* name) const { return !(*this)[name].isNone(); }
+  // An int[] or SymInt[] argument (concrete values: the kernels, not the meta kernels, read them).
+  std::optional<std::vector<int64_t>> ints(const char* name) const {
+    const c10::IValue& v = (*this)[name];
+    if (v.isNone()) return std::nullopt;
+    std::vector<int64_t> out;
+    for (const c10::IValue& e : v.toListRef()) {
+      out.push_back(e.isInt() ? e.toInt() : e.toSymInt().guard_int(__FILE__, __LINE__));
+    }
+    return out;
+  }
+  // How many elements a list argument has, or -1 for None (readable on symbolic values too).
+  int64_t length(const char* name) const {
+    const c10::IValue& v = (*this)[name];
+    return v.isNone() ? -1 : static_cast<int64_t>(v.toListRef().size());
+  }
+  // Options the npu does not implement: each one given is refused by name.
+  void refuse(const char* op, std::initializer_list<const char*> names, const char* why) const {
+    for (const char* name : names) {
+      TORCH_CHECK(!given(name), "npu::", op, ": ", name, " is not supported on the npu device (", why,
+                  "); pass None");
+    }
+  }
+  template <class... Results>
+  void finish(Results&&... results) {
+    torch::jit::drop(*stack_, count_);
+    (torch::jit::push(*stack_, std::forward<Results>(results)), ...);
+  }
+
+ private:
+  const c10::FunctionSchema& schema_;
+  torch::jit::Stack* stack_;
+  size_t count_;
+};
+
+// ---- layouts -----------------------------------------------------------------------
+
+enum class Layout { BSH, SBH, BSND, BNSD, TND };
+
+const char* layoutName(Layout l) {
+  switch (l) {
+    case Layout::BSH: return "BSH";
+    case Layout::SBH: return "SBH";
+    case Layout::BSND: return "BSND";
+    case Layout::BNSD: return "BNSD";
+    case Layout::TND: return "TND";
+  }
+  return "?";
+}
+
+// Where row (b, n, i) (batch, head, position) of a [rows, D] view of a tensor lies.
+struct Rows {
+  std::vector<int64_t> base;  // per batch
+  int64_t head = 0, seq = 0;
+  int64_t at(int64_t b, int64_t n, int64_t i) const { return base[b] + n * head + i * seq; }
+};
+
+// `starts`: the first position of each batch in T (TND) ; s: the padded length (else).
+Rows rowsOf(Layout l, int64_t batches, int64_t heads, int64_t s, const std::vector<int64_t>& starts) {
+  Rows r;
+  r.base.resize(batches);
+  for (int64_t b = 0; b < batches; ++b) {
+    switch (l) {
+      case Layout::BSH:
+      case Layout::BSND: r.base[b] = b * s * heads; break;
+      case Layout::BNSD: r.base[b] = b * heads * s; break;
+      case Layout::SBH: r.base[b] = b * heads; break;
+      case Layout::TND: r.base[b] = starts[b] * heads; break;
+    }
+  }
+  switch (l) {
+    case Layout::BSH:
+    case Layout::BSND:
+    case Layout::TND: r.head = 1; r.seq = heads; break;
+    case Layout::BNSD: r.head = s; r.seq = 1; break;
+    case Layout::SBH: r.head = 1; r.seq = batches * heads; break;
+  }
+  return r;
+}
+
+// The batch, heads, sequence length and head size of a tensor in a layout; for
+// BSH/SBH the heads are given (H = heads * D). TND: batch is unknown (0).
+struct Dims {
+  int64_t B = 0, N = 0, S = 0, D = 0;
+};
+
+Dims dimsOf(const char* op, const char* name, const at::Tensor& t, Layout l, int64_t heads) {
+  const int64_t want = (l == Layout::BSH || l == Layout::SBH || l == Layout::TND) ? 3 : 4;
+  TORCH_CHECK(t.dim() == want, "npu::", op, ": ", name, " must be ", want, "-dimensional in layout ",
+              layoutName(l), ", got shape ", t.sizes());
+  Dims d;
+  switch (l) {
+    case Layout::BSH:
+    case Layout::SBH: {
+      const int64_t h = t.size(2);
+      TORCH_CHECK(heads > 0 && h % heads == 0, "npu::", op, ": ", name, "'s hidden size ", h,
+                  " is not a multiple of its head count ", heads, " (layout ", layoutName(l),
+                  "); check num_heads / num_key_value_heads");
+      d.B = l == Layout::BSH ? t.size(0) : t.size(1);
+      d.S = l == Layout::BSH ? t.size(1) : t.size(0);
+      d.N = heads;
+      d.D = h / heads;
+      break;
+    }
+    case Layout::BSND: d = {t.size(0), t.size(2), t.size(1), t.size(3)}; break;
+    case Layout::BNSD: d = {t.size(0), t.size(1), t.size(2), t.size(3)}; break;
+    case Layout::TND: d = {0, t.size(1), t.size(0), t.size(2)}; break;
+  }
+  return d;
+}
+
+// ---- the attention problem ---------------------------------------------------------
+
+// Everything an attention call asks, as the ops' arguments give it.
+struct Request {
+  const char* op = "";
+  at::Tensor q, k, v;             // k, v: the cache blocks when `block_table` is given
+  Layout in = Layout::BSH, out = Layout::BSH;
+  int64_t heads = 1, kvHeads = 0;  // kvHeads 0: as many as query heads
+  bool headsFromShape = false;     // FA: 4-D layouts take the head counts from the shapes
+  double scale = 1.0;
+  int64_t pre = kNoBand, next = kNoBand, sparse = 0;
+  bool bandWithoutMask = false;    // FA: sparse mode 0 bands even without atten_mask
+  bool decodeMaskShapes = false;   // IFA/FIA with one query: atten_mask may be (B, KV_S)
+  at::Tensor mask, pse;
+  std::optional<std::vector<int64_t>> qLens, kvLens;  // actual lengths (TND: cumulative ends)
+  int64_t qLensCount = -1, kvLensCount = -1;          // their lengths (meta kernels too)
+  at::Tensor blockTable;
+  int64_t blockSize = 0;
+  bool wantLse = false;
+  at::Tensor sink;  // learnable_sink: one logit per query head, in every row's softmax
+};
+
+// The shapes of a request (no data is read: meta kernels use it too).
+struct Geometry {
+  int64_t B = 0, N = 0, KVN = 0, Sq = 0, Skv = 0, D = 0, Dv = 0;
+  bool paged = false, headMajorCache = false;  // cache [blocks, KVN, block_size, D] (else [blocks, block_size, H])
+  std::vector<int64_t> outShape, lseShape;
+};
+
+void checkMaskShape(const Request& r, const Geometry& g) {
+  const at::Tensor& m = r.mask;
+  TORCH_CHECK(m.scalar_type() == at::kBool || m.scalar_type() == at::kChar || m.scalar_type() == at::kByte, "npu::",
+              r.op, ": atten_mask must be bool, int8 or uint8 (1 = masked out), got ", m.scalar_type());
+  if (r.sparse >= 2 && r.sparse <= 4) return;  // the compressed 2048x2048 pattern, checked by the caller
+  TORCH_CHECK(r.in != Layout::TND, "npu::", r.op, ": layout TND takes atten_mask only with sparse_mode 2, 3 or 4 "
+              "on the npu device; pass the causal pattern with sparse_mode=3, or use layout BSND");
+  TORCH_CHECK(m.dim() >= 2 && m.dim() <= 4, "npu::", r.op, ": atten_mask must have 2 to 4 dimensions, got ", m.sizes());
+}
+
+Geometry describe(Request& r) {
+  const char* op = r.op;
+  Geometry g;
+  TORCH_CHECK(r.heads > 0 && r.kvHeads >= 0, "npu::", op, ": num_heads must be positive and num_key_value_heads "
+              ">= 0, got ", r.heads, " and ", r.kvHeads);
+  const Dims qd = dimsOf(op, "query", r.q, r.in, r.heads);
+  g.N = qd.N;
+  g.D = qd.D;
+  g.Sq = qd.S;
+  if (r.in == Layout::BSND || r.in == Layout::BNSD || r.in == Layout::TND) {
+    if (r.headsFromShape) {
+      r.heads = qd.N;
+    } else {
+      TORCH_CHECK(qd.N == r.heads, "npu::", op, ": num_heads (", r.heads, ") must equal query's head dimension (", qd.N,
+                  ") in layout ", layoutName(r.in), "; pass num_heads=", qd.N);
+    }
+  }
+  g.paged = r.blockTable.defined();
+  if (r.in == Layout::TND) {
+    TORCH_CHECK(r.qLensCount > 0 && r.kvLensCount > 0, "npu::", op, ": layout TND needs the actual query and key/value "
+                "lengths (cumulative ends of each sequence, one per batch)");
+    TORCH_CHECK(r.qLensCount == r.kvLensCount, "npu::", op, ": the actual query and key/value lengths must have one "
+                "entry per batch each, got ", r.qLensCount, " and ", r.kvLensCount);
+    g.B = r.qLensCount;
+  } else {
+    g.B = qd.B;
+  }
+  if (g.paged) {
+    const at::Tensor& bt = r.blockTable;
+    TORCH_CHECK(bt.dim() == 2 && bt.size(0) == g.B && bt.scalar_type() == at::kInt, "npu::", op,
+                ": block_table must be int32 of shape [batch, max blocks per sequence] = [", g.B, ", ...], got ",
+                bt.scalar_type(), " ", bt.sizes());
+    // The Ascend limits: TND 16-aligned up to 1024; else 16-aligned up to 512, 128-aligned for prefill.
+    const int64_t maxBlock = r.in == Layout::TND ? 1024 : 512;
+    TORCH_CHECK(r.blockSize > 0 && r.blockSize <= maxBlock && r.blockSize % 16 == 0, "npu::", op, ": block_size must "
+                "be a multiple of 16 up to ", maxBlock, " with a paged KV cache, got ", r.blockSize);
+    TORCH_CHECK(g.Sq == 1 || r.in == Layout::TND || r.blockSize % 128 == 0, "npu::", op, ": with more than one query "
+                "per sequence (prefill), a paged KV cache needs block_size a multiple of 128 (128 to 512), got ",
+                r.blockSize, "; or use layout TND");
+    TORCH_CHECK(r.kvLensCount >= 0, "npu::", op, ": a paged KV cache needs the actual key/value length of each "
+                "sequence (actual_seq_lengths_kv; actual_seq_lengths for npu_incre_flash_attention)");
+    const at::Tensor& k = r.k;
+    const at::Tensor& v = r.v;
+    TORCH_CHECK(k.dim() == v.dim() && k.size(0) == v.size(0), "npu::", op, ": the key and value caches must have "
+                "the same number of blocks and dimensions, got ", k.sizes(), " and ", v.sizes());
+    if (k.dim() == 3) {  // [blocks, block_size, KVN * D]
+      g.KVN = r.kvHeads == 0 ? g.N : r.kvHeads;
+      TORCH_CHECK(k.size(1) == r.blockSize && v.size(1) == r.blockSize && k.size(2) % g.KVN == 0 &&
+                      v.size(2) % g.KVN == 0,
+                  "npu::", op, ": the key/value caches [blocks, block_size, H] must have block_size ", r.blockSize,
+                  " and H a multiple of the kv heads ", g.KVN, ", got ", k.sizes(), " and ", v.sizes());
+      g.Dv = v.size(2) / g.KVN;
+      TORCH_CHECK(k.size(2) / g.KVN == g.D, "npu::", op, ": the key cache's head size ", k.size(2) / g.KVN,
+                  " differs from query's ", g.D);
+    } else {
+      TORCH_CHECK(k.dim() == 4 && (r.in == Layout::BNSD || r.in == Layout::TND), "npu::", op, ": a paged key/value "
+                  "cache is [blocks, block_size, H], or [blocks, kv heads, block_size, D] with layout BNSD or TND; "
+                  "got ",
+                  k.sizes(),
+                  " with layout ", layoutName(r.in));
+      g.headMajorCache = true;
+      g.KVN = k.size(1);
+      TORCH_CHECK(k.size(2) == r.blockSize && v.size(2) == r.blockSize && v.size(1) == g.KVN && k.size(3) == g.D,
+                  "npu::", op, ": the key/value caches [blocks, kv heads, block_size, D] must have block_size ",
+                  r.blockSize, " and query's head size ", g.D, ", got ", k.sizes(), " and ", v.sizes());
+      g.Dv = v.size(3);
+    }
+    g.Skv = r.blockTable.size(1) * r.blockSize;
+  } else {
+    const int64_t kvHeadsGiven = r.kvHeads == 0 ? g.N : r.kvHeads;
+    const Dims kd = dimsOf(op, "key", r.k, r.in, kvHeadsGiven);
+    const Dims vd = dimsOf(op, "value", r.v, r.in, kvHeadsGiven);
+    g.KVN = kd.N;
+    if (!r.headsFromShape && r.in != Layout::BSH && r.in != Layout::SBH) {
+      TORCH_CHECK(kd.N == kvHeadsGiven, "npu::", op, ": num_key_value_heads (", r.kvHeads, ", 0 = num_heads) must "
+                  "equal key's head dimension (", kd.N, ") in layout ", layoutName(r.in),
+                  "; pass num_key_value_heads=", kd.N);
+    }
+    TORCH_CHECK(kd.B == vd.B && kd.S == vd.S && kd.N == vd.N && (r.in == Layout::TND || kd.B == g.B), "npu::", op,
+                ": key and value must share batch, length and heads with each other (and batch with query), got ",
+                r.k.sizes(), " and ", r.v.sizes(), " for query ", r.q.sizes());
+    TORCH_CHECK(kd.D == g.D, "npu::", op, ": key's head size ", kd.D, " differs from query's ", g.D);
+    g.Skv = kd.S;
+    g.Dv = vd.D;
+  }
+  TORCH_CHECK(g.KVN > 0 && g.N % g.KVN == 0 && g.N / g.KVN <= 64, "npu::", op, ": the query heads (", g.N,
+              ") must be a multiple of the key/value heads (", g.KVN, "), at most 64 times as many");
+  TORCH_CHECK(g.N <= 256 && g.D <= 512 && g.Dv <= 512, "npu::", op, ": at most 256 heads of size at most 512 "
+              "(the Ascend limits), got ", g.N, " heads of size ", g.D);
+  // The result: query's shape with value's head size, in the output layout.
+  switch (r.out) {
+    case Layout::BSH: g.outShape = {g.B, g.Sq, g.N * g.Dv}; break;
+    case Layout::SBH: g.outShape = {g.Sq, g.B, g.N * g.Dv}; break;
+    case Layout::BSND: g.outShape = {g.B, g.Sq, g.N, g.Dv}; break;
+    case Layout::BNSD: g.outShape = {g.B, g.N, g.Sq, g.Dv}; break;
+    case Layout::TND: g.outShape = {g.Sq, g.N, g.Dv}; break;
+  }
+  if (!r.wantLse) {
+    g.lseShape = {1};
+  } else if (r.in == Layout::TND) {
+    g.lseShape = {g.Sq, g.N, 1};
+  } else {
+    g.lseShape = {g.B, g.N, g.Sq, 1};
+  }
+  if (r.mask.defined()) checkMaskShape(r, g);
+  if (r.pse.defined()) {
+    TORCH_CHECK(r.in != Layout::TND, "npu::", op, ": pse with layout TND is not supported on the npu device");
+    TORCH_CHECK(r.pse.dim() <= 4 && r.pse.dim() >= 1, "npu::", op, ": pse_shift must be (B or 1, N, Q_S, KV_S), got ",
+                r.pse.sizes());
+  }
+  return g;
+}
+
+// Per batch: the query and key/value lengths, and (TND) where each starts.
+struct Lengths {
+  std::vector<int64_t> sq, skv, qStart, kvStart;
+};
+
+std::vector<int64_t> perBatch(const char* op, const char* what, const std::optional<std::vector<int64_t>>& given,
+                              int64_t batches, int64_t padded) {
+  std::vector<int64_t> out(batches, padded);
+  if (!given) return out;
+  TORCH_CHECK(given->size() == 1 || static_cast<int64_t>(given->size()) >= batches, "npu::", op, ": ", what,
+              " must have 1 or at least batch (", batches, ") entries, got ", given->size());
+  for (int64_t b = 0; b < batches; ++b) {
+    out[b] = (*given)[given->size() == 1 ? 0 : b];
+    TORCH_CHECK(out[b] >= 0 && out[b] <= padded, "npu::", op, ": ", what, "[", b, "] = ", out[b],
+                " must be in [0, ", padded, "]");
+  }
+  return out;
+}
+
+void cumulative(const char* op, const char* what, const std::vector<int64_t>& ends, int64_t total,
+                std::vector<int64_t>& lens, std::vector<int64_t>& starts) {
+  int64_t previous = 0;
+  for (int64_t end : ends) {
+    TORCH_CHECK(end >= previous && end <= total, "npu::", op, ": ", what, " are cumulative sequence ends in layout "
+                "TND: non-decreasing, at most ", total, ", got ", c10::IntArrayRef(ends));
+    starts.push_back(previous);
+    lens.push_back(end - previous);
+    previous = end;
+  }
+}
+
+Lengths lengthsOf(const Request& r, const Geometry& g) {
+  Lengths l;
+  if (r.in == Layout::TND) {
+    cumulative(r.op, "the actual query lengths", *r.qLens, g.Sq, l.sq, l.qStart);
+    if (r.blockTable.defined()) {  // paged: each sequence's own key/value length
+      l.skv = perBatch(r.op, "actual key/value length", r.kvLens, g.B, g.Skv);
+      l.kvStart.assign(g.B, 0);
+    } else {
+      cumulative(r.op, "the actual key/value lengths", *r.kvLens, r.k.size(0), l.skv, l.kvStart);
+    }
+  } else {
+    l.sq = perBatch(r.op, "actual query length", r.qLens, g.B, g.Sq);
+    l.skv = perBatch(r.op, "actual key/value length", r.kvLens, g.B, g.Skv);
+    l.qStart.assign(g.B, 0);
+    l.kvStart.assign(g.B, 0);
+  }
+  return l;
+}
+
+// Which scores a query row keeps: atten_mask (nonzero = masked out), the sparse
+// mode's geometry, the band of pre/next tokens.
+struct Masking {
+  at::Tensor bytes;  // atten_mask as uint8, 4-D [B or 1, N or 1, >= Sq, >= Skv], or undefined
+  int64_t sb = 0, sn = 0, si = 0;
+  int64_t mode = 0, pre = kNoBand, next = kNoBand;
+  bool band = false;
+};
+
+// The sparse mode's geometry and band, without atten_mask's content.
+Masking geometryOf(const Request& r) {
+  Masking m;
+  m.mode = r.sparse;
+  m.pre = r.pre;
+  m.next = r.next;
+  m.band = r.sparse == 4 ||
+           (r.sparse == 0 && (r.mask.defined() || r.bandWithoutMask) && (r.pre < kNoBand || r.next < kNoBand));
+  return m;
+}
+
+Masking maskingOf(const Request& r, const Geometry& g, const Lengths& l) {
+  Masking m = geometryOf(r);
+  // modes 2-4: geometry only; the compressed mask's content is the pattern itself
+  if (r.sparse >= 2 || !r.mask.defined()) return m;
+  at::Tensor mask = r.mask.to(at::kByte);
+  const int64_t maxSkv = *std::max_element(l.skv.begin(), l.skv.end());
+  if (mask.dim() == 2) {
+    mask = r.decodeMaskShapes ? mask.view({mask.size(0), 1, 1, mask.size(1)})    // (B, KV_S)
+                              : mask.view({1, 1, mask.size(0), mask.size(1)});  // (Q_S, KV_S)
+  } else if (mask.dim() == 3) {
+    mask = mask.unsqueeze(1);
+  }
+  TORCH_CHECK((mask.size(0) == 1 || mask.size(0) == g.B) && (mask.size(1) == 1 || mask.size(1) == g.N) &&
+                  mask.size(2) >= g.Sq && mask.size(3) >= maxSkv,
+              "npu::", r.op, ": atten_mask of shape ", r.mask.sizes(), " does not cover batch ", g.B, ", heads ", g.N,
+              ", ", g.Sq, " queries and ", maxSkv, " keys; use (Q_S, KV_S), (B, Q_S, KV_S), (B, 1, Q_S, KV_S)",
+              r.decodeMaskShapes ? " or (B, KV_S)" : "");
+  m.bytes = mask.contiguous();
+  m.sb = mask.size(0) == 1 ? 0 : m.bytes.stride(0);
+  m.sn = mask.size(1) == 1 ? 0 : m.bytes.stride(1);
+  m.si = m.bytes.stride(2);  // (the last dimension is contiguous)
+  return m;
+}
+
+// The keys query row i of a sequence may see by the sparse mode's geometry and the
+// band: [lo, hi] (before atten_mask). Both bounds grow with i.
+void keptRange(const Masking& m, int64_t i, int64_t sq, int64_t skv, int64_t* lo, int64_t* hi) {
+  const int64_t shift = skv - sq;  // bottom-right alignment
+  *lo = 0;
+  *hi = skv - 1;
+  if (m.mode == 2) *hi = i;
+  if (m.mode == 3) *hi = i + shift;
+  if (m.band && m.mode == 0) {
+    *lo = std::max<int64_t>(*lo, i - m.pre);
+    *hi = std::min<int64_t>(*hi, i + m.next);
+  }
+  if (m.band && m.mode == 4) {
+    *lo = std::max<int64_t>(*lo, i + shift - m.pre);
+    *hi = std::min<int64_t>(*hi, i + shift + m.next);
+  }
+  *lo = std::max<int64_t>(*lo, 0);
+  *hi = std::min<int64_t>(*hi, skv - 1);
+}
+
+// ---- the softmax of a row of scores --------------------------------------------------
+// Each row is one pass for its maximum and one for exp and the sum, in cache; built
+// for AVX-512, AVX2 and the baseline, chosen at load time.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define NPU_ATTENTION_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define NPU_ATTENTION_CLONES
+#endif
+
+// e^x for x <= 0 (a score minus its row's maximum), written so its loops vectorise:
+// x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is exact), e^r by its
+// Taylor series to r^7 (relative error below 1e-8 there), times 2^n from the exponent bits.
+inline __attribute__((always_inline)) float expOfNonPositive(float x) {
+  x = std::max(x, -87.0f);  // e^-87 is near FLT_MIN; smaller results round to it
+  const float t = x * 1.44269504088896341f - 0.5f;
+  int32_t n = static_cast<int32_t>(t);  // rounds t + 0.5 to the nearest: t <= 0 truncates upwards
+  const float nf = static_cast<float>(n);
+  const float r = (x - nf * 0.693145751953125f) - nf * 1.428606765330187e-06f;
+  float p = 1.0f / 5040;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  return p * __builtin_bit_cast(float, (n + 127) << 23);
+}
+
+// Row max over the kept keys [lo, hi] where mask (optional, 1 = masked) is 0.
+NPU_ATTENTION_CLONES float keptMax(const float* s, int64_t lo, int64_t hi, const uint8_t* mask) {
+  float m = -std::numeric_limits<float>::infinity();
+  if (mask == nullptr) {
+#pragma omp simd reduction(max : m)
+    for (int64_t j = lo; j <= hi; ++j) m = std::max(m, s[j]);
+  } else {
+#pragma omp simd reduction(max : m)
+    for (int64_t j = lo; j <= hi; ++j) m = std::max(m, mask[j] ? -std::numeric_limits<float>::infinity() : s[j]);
+  }
+  return m;
+}
+
+// s[j] = exp(s[j] - m) * scale for the kept keys, 0 for the others (n columns); returns
+// the sum of the exps (before `scale`).
+NPU_ATTENTION_CLONES float expRow(float* s, int64_t n, int64_t lo, int64_t hi, const uint8_t* mask, float m,
+                                   float scale) {
+  float sum = 0;
+  for (int64_t j = 0; j < lo; ++j) s[j] = 0;
+  if (mask == nullptr) {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = lo; j <= hi; ++j) {
+      const float e = expOfNonPositive(s[j] - m);
+      sum += e;
+      s[j] = e * scale;
+    }
+  } else {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = lo; j <= hi; ++j) {
+      const float e = mask[j] ? 0.0f : expOfNonPositive(s[j] - m);
+      sum += e;
+      s[j] = e * scale;
+    }
+  }
+  for (int64_t j = std::max<int64_t>(hi + 1, lo); j < n; ++j) s[j] = 0;
+  return sum;
+}
+
+// The rows of a tile: query rows i0.. of batch b, for the group of query heads of one kv
+// head, against keys [begin, end) of the sequence.
+struct Tile {
+  int64_t b = 0, kvHead = 0, n0 = 0, i0 = 0, rows = 0, begin = 0, end = 0;
+};
+
+// A float32 view (or copy) of rows of a [rows, D] view: sizes (..., D), steps in rows.
+at::Tensor strided(const at::Tensor& flat, int64_t first, std::vector<int64_t> sizes, std::vector<int64_t> steps) {
+  const int64_t d = flat.size(1);
+  for (auto& s : steps) s *= d;
+  sizes.push_back(d);
+  steps.push_back(1);
+  return flat.as_strided(sizes, steps, flat.storage_offset() + first * d);
+}
+
+// The host tensors and indexing of one attention call.
+struct Problem {
+  Geometry g;
+  Lengths len;
+  Masking masking;
+  at::Tensor qFlat, kFlat, vFlat;  // [rows, D]
+  Rows qRows, kvRows;
+  const int32_t* table = nullptr;
+  int64_t tableCols = 0, blockSize = 0;
+  at::Tensor pse;   // float32, 4-D, broadcast to [B, N, Sq, Skv] by strides
+  at::Tensor sink;  // float32 [N], or undefined
+  double scale = 1.0;
+  int64_t group() const { return g.N / g.KVN; }
+
+  // Keys [begin, end) of batch b, kv head h (or values, from vFlat), as float32 [end - begin, D].
+  at::Tensor keys(const at::Tensor& flat, int64_t b, int64_t h, int64_t begin, int64_t end) const {
+    const int64_t count = end - begin;
+    if (table == nullptr) {
+      return strided(flat, kvRows.at(b, h, len.kvStart[b] + begin), {count}, {kvRows.seq}).to(at::kFloat);
+    }
+    at::Tensor index = at::empty({count}, at::TensorOptions().dtype(at::kLong));
+    int64_t* ip = index.mutable_data_ptr<int64_t>();
+    for (int64_t j = begin; j < end; ++j) {
+      const int64_t block = table[b * tableCols + j / blockSize], offset = j % blockSize;
+      ip[j - begin] = g.headMajorCache ? (block * g.KVN + h) * blockSize + offset
+                                       : (block * blockSize + offset) * g.KVN + h;
+    }
+    return flat.index_select(0, index).to(at::kFloat);
+  }
+  // Rows of a query-shaped tensor for a tile: [G, rows, D] (a view where it can be).
+  at::Tensor queries(const at::Tensor& flat, const Tile& t) const {
+    return strided(flat, qRows.at(t.b, t.n0, t.i0 + len.qStart[t.b]), {group(), t.rows}, {qRows.head, qRows.seq});
+  }
+  // The tiles of batch b and kv head h: their rows keep about 1 MB of scores, and each
+  // covers only the keys its rows can see.
+  void tiles(int64_t b, int64_t h, std::vector<Tile>& out) const {
+    const int64_t sq = len.sq[b], skv = len.skv[b];
+    if (sq == 0 || skv == 0) return;
+    const int64_t step = std::clamp<int64_t>((int64_t{1} << 18) / std::max<int64_t>(1, group() * skv), 1, kTileRows);
+    for (int64_t i0 = 0; i0 < sq; i0 += step) {
+      Tile t{b, h, h * group(), i0, std::min(step, sq - i0), 0, 0};
+      int64_t lo, hi, lastLo, lastHi;
+      keptRange(masking, i0, sq, skv, &lo, &hi);
+      keptRange(masking, i0 + t.rows - 1, sq, skv, &lastLo, &lastHi);
+      t.begin = lo;
+      t.end = lastHi + 1;
+      if (t.end > t.begin) out.push_back(t);
+    }
+  }
+  // The atten_mask row of query row i, head n (keys from `begin`), or null.
+  const uint8_t* maskRow(int64_t b, int64_t n, int64_t i, int64_t begin) const {
+    if (!masking.bytes.defined()) return nullptr;
+    return masking.bytes.const_data_ptr<uint8_t>() + b * masking.sb + n * masking.sn + i * masking.si + begin;
+  }
+  // The scores of a tile, scaled and biased: float32 [G * rows, end - begin]; `qs` is the
+  // tile's queries times the scale, [G * rows, D].
+  at::Tensor scores(const Tile& t, const at::Tensor& qs, const at::Tensor& k) const {
+    at::Tensor s = at::mm(qs, k.t());
+    if (pse.defined()) {
+      const int64_t G = group();
+      at::Tensor bias = pse.select(0, pse.size(0) == 1 ? 0 : t.b)
+                            .narrow(0, pse.size(1) == 1 ? 0 : t.n0, pse.size(1) == 1 ? 1 : G)
+                            .narrow(1, pse.size(2) == 1 ? 0 : t.i0, pse.size(2) == 1 ? 1 : t.rows)
+                            .narrow(2, pse.size(3) == 1 ? 0 : t.begin, pse.size(3) == 1 ? 1 : t.end - t.begin);
+      s.view({G, t.rows, t.end - t.begin}).add_(bias);
+    }
+    return s;
+  }
+  // Runs `row(r, n, i, lo, hi, mask)` for each row r of a tile's scores: head n, query i,
+  // kept keys [lo, hi] relative to the tile's first key.
+  template <class Row>
+  void eachRow(const Tile& t, Row row) const {
+    const int64_t sq = len.sq[t.b], skv = len.skv[t.b];
+    for (int64_t h = 0; h < group(); ++h) {
+      for (int64_t r = 0; r < t.rows; ++r) {
+        const int64_t i = t.i0 + r;
+        int64_t lo, hi;
+        keptRange(masking, i, sq, skv, &lo, &hi);
+        lo = std::max(lo, t.begin) - t.begin;
+        hi = std::min(hi, t.end - 1) - t.begin;
+        row(h * t.rows + r, t.n0 + h, i, lo, hi, maskRow(t.b, t.n0 + h, i, t.begin));
+      }
+    }
+  }
+};
+
+// Runs work(i) for i in [0, count) on the intra-op threads, each taking the next item
+// when it is free: items of unequal cost (causal tiles) and a core busy with other
+// work still balance (at::parallel_for splits the range evenly up front).
+template <class Work>
+void eachInParallel(int64_t count, bool parallel, Work work) {
+  std::atomic<int64_t> next{0};
+  const int64_t workers = parallel ? std::min<int64_t>(count, at::get_num_threads()) : 1;
+  at::parallel_for(0, std::max<int64_t>(workers, 1), 1, [&](int64_t, int64_t) {
+    for (int64_t i = next++; i < count; i = next++) work(i);
+  });
+}
+
+// The host-side setup shared by the forward and backward kernels.
+void prepare(Problem& p, const Request& r, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+             const at::Tensor& table, const at::Tensor& pse) {
+  const Geometry& g = p.g;
+  p.len = lengthsOf(r, g);
+  p.masking = maskingOf(r, g, p.len);
+  p.scale = r.scale;
+  p.qFlat = q.reshape({-1, g.D});
+  p.kFlat = k.reshape({-1, g.D});
+  p.vFlat = v.reshape({-1, g.Dv});
+  p.qRows = rowsOf(r.in, g.B, g.N, g.Sq, std::vector<int64_t>(g.B, 0));
+  if (table.defined()) {
+    p.table = table.const_data_ptr<int32_t>();
+    p.tableCols = table.size(1);
+    p.blockSize = r.blockSize;
+    const int64_t blocks = k.size(0);
+    for (int64_t b = 0; b < g.B; ++b) {
+      for (int64_t j = 0; j < p.len.skv[b]; j += r.blockSize) {
+        const int32_t block = p.table[b * p.tableCols + j / r.blockSize];
+        TORCH_CHECK(block >= 0 && block < blocks, "npu::", r.op, ": block_table[", b, "][", j / r.blockSize, "] = ",
+                    block, " is not a block of the cache (", blocks, " blocks); sequence ", b, " has ", p.len.skv[b],
+                    " keys");
+      }
+    }
+  } else {
+    p.kvRows = rowsOf(r.in, g.B, g.KVN, g.Skv, std::vector<int64_t>(g.B, 0));
+  }
+  if (pse.defined()) {
+    at::Tensor bias = pse.to(at::kFloat);
+    while (bias.dim() < 4) bias = bias.unsqueeze(0);
+    const int64_t maxSkv = *std::max_element(p.len.skv.begin(), p.len.skv.end());
+    TORCH_CHECK((bias.size(0) == 1 || bias.size(0) == g.B) && (bias.size(1) == 1 || bias.size(1) == g.N) &&
+                    (bias.size(2) == 1 || bias.size(2) >= g.Sq) && (bias.size(3) == 1 || bias.size(3) >= maxSkv),
+                "npu::", r.op, ": pse of shape ", pse.sizes(), " does not broadcast to (", g.B, ", ", g.N, ", ", g.Sq,
+                ", ", maxSkv, ")");
+    p.pse = bias;
+  }
+}
+
+// ---- projected times ------------------------------------------------------------
+// While a profiler runs under a chip profile, each kernel's time on that chip: the
+// attention's matmuls on the cube unit (only the key ranges the tiles see), the cache
+// copies' traffic on the vector unit.
+
+double tensorBytes(std::initializer_list<std::reference_wrapper<const at::Tensor>> tensors) {
+  double bytes = 0;
+  for (const at::Tensor& t : tensors) {
+    if (t.defined()) bytes += static_cast<double>(t.numel()) * static_cast<double>(t.itemsize());
+  }
+  return bytes;
+}
+
+int64_t projectedNs(double flops, bool cube, c10::ScalarType dtype, double bytes) {
+  if (!runtime::tracing::enabled()) return 0;
+  const profile::DeviceProfile* chip = profile::projectionProfile();
+  if (chip == nullptr || !chip->cost) return 0;
+  profile::KernelWork work;
+  work.flops = flops;
+  work.cube = cube;
+  work.dtype = dtype;
+  work.bytes = bytes;
+  return profile::projectKernelNs(*chip->cost, work);
+}
+
+// The projected time of `matmuls` products over the tiles of a request (the key lengths
+// from the arguments; a paged cache's blocks are not read).
+int64_t attentionProjectedNs(const Request& r, const Geometry& g, double matmuls) {
+  if (!runtime::tracing::enabled()) return 0;
+  Problem p;
+  p.g = g;
+  p.len = lengthsOf(r, g);
+  p.masking = geometryOf(r);
+  std::vector<Tile> tiles;
+  for (int64_t b = 0; b < g.B; ++b) {
+    for (int64_t h = 0; h < g.KVN; ++h) p.tiles(b, h, tiles);
+  }
+  double flops = 0;
+  for (const Tile& t : tiles) {
+    // one [G * rows, D] x [D, keys] product (the ones with Dv alike)
+    const double perMatmul = 2.0 * p.group() * t.rows * (t.end - t.begin) * (g.D + g.Dv) / 2;
+    flops += perMatmul * matmuls;
+  }
+  return projectedNs(flops, true, r.q.scalar_type(), tensorBytes({r.q, r.k, r.v}) * 2);
+}
+
+// The forward: out (zero where a row sees no key) and lse [B, N, Sq] / [T, N] (-inf there).
+std::tuple<at::Tensor, at::Tensor> attentionForward(Request& r) {
+  Geometry g = describe(r);
+  runtime::tracing::Projection projected(attentionProjectedNs(r, g, 2));
+  return onHost(r.op, {r.q, r.k, r.v, r.mask, r.pse, r.blockTable, r.sink}, [&](auto input, auto output) {
+    Problem p;
+    p.g = g;
+    const at::Tensor q = input(r.q), k = input(r.k), v = input(r.v);
+    const at::Tensor table = input(r.blockTable);
+    Request host = r;
+    host.mask = input(r.mask);
+    prepare(p, host, q, k, v, table, input(r.pse));
+    if (r.sink.defined()) p.sink = input(r.sink).to(at::kFloat).contiguous();
+    at::Tensor out = at::zeros(g.outShape, q.options());
+    at::Tensor outFlat = out.view({-1, g.Dv});
+    const Rows outRows = rowsOf(r.out, g.B, g.N, g.Sq, std::vector<int64_t>(g.B, 0));
+    at::Tensor lse = at::full({(r.in == Layout::TND ? 1 : g.B) * g.N * g.Sq}, -std::numeric_limits<float>::infinity(),
+                              q.options().dtype(at::kFloat));
+    float* lsePtr = lse.mutable_data_ptr<float>();
+    const Rows lseRows = rowsOf(r.in == Layout::TND ? Layout::TND : Layout::BNSD, g.B, g.N, g.Sq,
+                                std::vector<int64_t>(g.B, 0));
+    const float* sinkPtr = p.sink.defined() ? p.sink.const_data_ptr<float>() : nullptr;
+    std::vector<Tile> work;
+    for (int64_t b = 0; b < g.B; ++b) {
+      for (int64_t h = 0; h < g.KVN; ++h) p.tiles(b, h, work);
+    }
+    // the costliest tiles first, so the last ones to finish are short
+    std::stable_sort(work.begin(), work.end(), [](const Tile& x, const Tile& y) {
+      return x.rows * (x.end - x.begin) > y.rows * (y.end - y.begin);
+    });
+    const int64_t G = p.group();
+    eachInParallel(static_cast<int64_t>(work.size()), true, [&](int64_t w) {
+      const Tile& t = work[w];
+      const int64_t width = t.end - t.begin;
+      const at::Tensor keys = p.keys(p.kFlat, t.b, t.kvHead, t.begin, t.end);
+      const at::Tensor values = p.keys(p.vFlat, t.b, t.kvHead, t.begin, t.end);
+      const at::Tensor qs = p.queries(p.qFlat, t).to(at::kFloat).mul(p.scale).reshape({G * t.rows, g.D});
+      at::Tensor s = p.scores(t, qs, keys);
+      float* sp = s.mutable_data_ptr<float>();
+      p.eachRow(t, [&](int64_t row, int64_t n, int64_t i, int64_t lo, int64_t hi, const uint8_t* mask) {
+        float* sr = sp + row * width;
+        float m = keptMax(sr, lo, hi, mask);
+        if (sinkPtr) m = std::max(m, sinkPtr[n]);  // the sink is one more logit of the row
+        if (m == -std::numeric_limits<float>::infinity()) {  // the row sees no key
+          std::fill(sr, sr + width, 0.0f);
+          return;
+        }
+        // exps first, then the row divided by their sum (the sink's exp included)
+        float sum = expRow(sr, width, lo, hi, mask, m, 1.0f);
+        if (sinkPtr) sum += std::exp(sinkPtr[n] - m);
+        const float inv = 1.0f / sum;
+        for (int64_t j = lo; j <= hi; ++j) sr[j] *= inv;
+        lsePtr[lseRows.at(t.b, n, i + p.len.qStart[t.b])] = m + std::log(sum);
+      });
+      const at::Tensor o = at::mm(s, values);  // [G * rows, Dv]
+      strided(outFlat, outRows.at(t.b, t.n0, t.i0 + p.len.qStart[t.b]), {G, t.rows}, {outRows.head, outRows.seq})
+          .copy_(o.view({G, t.rows, g.Dv}));
+    });
+    at::Tensor lseOut = r.wantLse ? lse.view(g.lseShape) : at::zeros({1}, q.options().dtype(at::kFloat));
+    return std::make_tuple(output(out), output(lseOut));
+  });
+}
+
+bool symbolic(const at::Tensor& t) {
+  return t.defined() && t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+}
+
+// A size that is static in a model (heads, head size): a symbolic one is specialised.
+int64_t staticSize(const at::Tensor& t, int64_t dim) { return t.sym_size(dim).guard_int(__FILE__, __LINE__); }
+
+// The result shapes when torch.compile traces with dynamic shapes (batch or tokens
+// symbolic): query's shape with value's head size, from the symbolic sizes. The head
+// counts and sizes are static in a model; the checks wait for the kernel.
+std::tuple<at::Tensor, at::Tensor> attentionForwardSymbolic(const Request& r) {
+  std::vector<c10::SymInt> q(r.q.sym_sizes().begin(), r.q.sym_sizes().end());
+  const c10::SymInt heads = r.heads;
+  const int64_t kvHeads = r.kvHeads == 0 ? r.heads : r.kvHeads;
+  c10::SymInt dv;
+  if (r.blockTable.defined()) {
+    dv = r.v.dim() == 3 ? r.v.sym_size(2) / kvHeads : r.v.sym_size(3);
+  } else {
+    dv = r.in == Layout::BSH || r.in == Layout::SBH ? r.v.sym_size(2) / kvHeads : r.v.sym_size(-1);
+  }
+  std::vector<c10::SymInt> out = q, lse{1};
+  switch (r.in) {
+    case Layout::BSH:
+    case Layout::SBH: out[2] = heads * dv; lse = {q[0], heads, q[1], 1}; break;
+    case Layout::BSND: out[3] = dv; lse = {q[0], heads, q[1], 1}; break;
+    case Layout::BNSD: out[3] = dv; lse = {q[0], heads, q[2], 1}; break;
+    case Layout::TND: out[2] = dv; lse = {q[0], heads, 1}; break;
+  }
+  if (r.in == Layout::BNSD && r.out == Layout::BSND) out = {q[0], q[2], q[1], dv};
+  if (!r.wantLse) lse = {1};
+  return {at::empty_symint(out, r.q.options()), at::empty_symint(lse, r.q.options().dtype(at::kFloat))};
+}
+
+std::tuple<at::Tensor, at::Tensor> attentionForwardMeta(Request& r) {
+  if (symbolic(r.q) || symbolic(r.k) || symbolic(r.v)) return attentionForwardSymbolic(r);
+  Geometry g = describe(r);
+  return {at::empty(g.outShape, r.q.options()), at::empty(g.lseShape, r.q.options().dtype(at::kFloat))};
+}
+
+// ---- the inference operators -------------------------------------------------------
+
+void checkInferenceDtypes(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "npu::", op, ": query must be float16 "
+              "or bfloat16 (the dtypes the Ascend operator takes), got ", q.scalar_type(), " on ", q.device(),
+              "; cast with .half() or .bfloat16()");
+  for (const at::Tensor* t : {&k, &v}) {
+    TORCH_CHECK(t->scalar_type() != at::kChar, "npu::", op, ": int8 key/value (KV antiquant) is not supported on "
+                "the npu device; dequantize the cache to query's dtype ", q.scalar_type());
+    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "npu::", op, ": key and value must have query's dtype ",
+                q.scalar_type(), ", got ", t->scalar_type(), " on ", t->device());
+  }
+}
+
+// input_layout of the inference operators: "X" or "X_Y" (input X, output Y).
+void parseLayout(Request& r, const std::string& s, std::initializer_list<const char*> allowed) {
+  bool ok = false;
+  for (const char* a : allowed) ok = ok || s == a;
+  std::string list;
+  for (const char* a : allowed) list += std::string(list.empty() ? "" : ", ") + a;
+  TORCH_CHECK(ok, "npu::", r.op, ": input_layout '", s, "' is not supported on the npu device; use one of ", list);
+  auto one = [&](const std::string& name) {
+    if (name == "BSH") return Layout::BSH;
+    if (name == "SBH") return Layout::SBH;
+    if (name == "BSND") return Layout::BSND;
+    if (name == "BNSD") return Layout::BNSD;
+    return Layout::TND;
+  };
+  const auto split = s.find('_');
+  r.in = one(s.substr(0, split));
+  r.out = split == std::string::npos ? r.in : one(s.substr(split + 1));
+}
+
+void checkSparse(Request& r, std::initializer_list<int64_t> allowed) {
+  bool ok = false;
+  for (int64_t a : allowed) ok = ok || r.sparse == a;
+  TORCH_CHECK(ok, "npu::", r.op, ": sparse_mode ", r.sparse, " is not supported (0 atten_mask and pre/next tokens, "
+              "1 full atten_mask, 2 causal top-left, 3 causal bottom-right, 4 band)");
+  if (r.sparse >= 2 && r.sparse <= 4) {
+    const at::Tensor& m = r.mask;
+    const bool compressed = m.defined() && m.dim() >= 2 && m.sym_size(-1) == 2048 && m.sym_size(-2) == 2048 &&
+                            m.sym_numel() == 2048 * 2048;
+    TORCH_CHECK(compressed, "npu::", r.op, ": sparse_mode ", r.sparse, " needs atten_mask as the compressed "
+                "lower-triangular pattern of shape (2048, 2048), (1, 2048, 2048) or (1, 1, 2048, 2048)",
+                m.defined() ? ", got " : "", m.defined() ? c10::str(m.sizes()) : std::string());
+  }
+}
+
+// Decode (one query per sequence): the sparse mode does not apply; a compressed
+// causal pattern means no mask (bottom-right causal: the one query sees every key).
+void asDecode(Request& r, const Geometry& g) {
+  if (g.Sq != 1 || r.in == Layout::TND) return;
+  r.decodeMaskShapes = true;
+  if (r.sparse >= 2) r.mask = at::Tensor();
+  r.sparse = 0;
+  r.pre = r.next = kNoBand;
+}
+
+Request promptRequest(const Args& a) {
+  Request r;
+  r.op = "npu_prompt_flash_attention";
+  a.refuse(r.op, {"padding_mask", "deq_scale1", "quant_scale1", "deq_scale2", "quant_scale2", "quant_offset2"},
+           "int8 quantization; padding_mask is reserved");
+  r.q = a.tensor("query");
+  r.k = a.tensor("key");
+  r.v = a.tensor("value");
+  checkInferenceDtypes(r.op, r.q, r.k, r.v);
+  parseLayout(r, a.str("input_layout"), {"BSH", "BSND", "BNSD", "BNSD_BSND", "TND"});
+  r.heads = a.integer("num_heads");
+  r.kvHeads = a.integer("num_key_value_heads");
+  r.scale = a.real("scale_value");
+  r.pre = a.integer("pre_tokens");
+  r.next = a.integer("next_tokens");
+  r.sparse = a.integer("sparse_mode");
+  r.mask = a.tensor("atten_mask");
+  r.pse = a.tensor("pse_shift");
+  r.qLensCount = a.length("actual_seq_lengths");
+  r.kvLensCount = a.length("actual_seq_lengths_kv");
+  checkSparse(r, {0, 1, 2, 3, 4});
+  return r;
+}
+
+Request increRequest(const Args& a) {
+  Request r;
+  r.op = "npu_incre_flash_attention";
+  a.refuse(r.op, {"padding_mask", "antiquant_scale", "antiquant_offset", "dequant_scale1", "quant_scale1",
+                  "dequant_scale2", "quant_scale2", "quant_offset2", "kv_padding_size"},
+           "int8 quantization and left padding; padding_mask is reserved");
+  r.q = a.tensor("query");
+  r.k = a.tensor("key");
+  r.v = a.tensor("value");
+  checkInferenceDtypes(r.op, r.q, r.k, r.v);
+  parseLayout(r, a.str("input_layout"), {"BSH", "BSND", "BNSD"});
+  r.heads = a.integer("num_heads");
+  r.kvHeads = a.integer("num_key_value_heads");
+  r.scale = a.real("scale_value");
+  r.mask = a.tensor("atten_mask");
+  r.pse = a.tensor("pse_shift");
+  r.kvLensCount = a.length("actual_seq_lengths");  // the key/value lengths, for this operator
+  r.blockTable = a.tensor("block_table");
+  r.blockSize = a.integer("block_size");
+  r.decodeMaskShapes = true;
+  return r;
+}
+
+Request fusedInferRequest(const Args& a) {
+  Request r;
+  r.op = "npu_fused_infer_attention_score";
+  a.refuse(r.op, {"dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2", "quant_offset2",
+                  "antiquant_scale", "antiquant_offset", "key_antiquant_scale", "key_antiquant_offset",
+                  "value_antiquant_scale", "value_antiquant_offset", "key_rope_antiquant_scale"},
+           "int8 quantization");
+  a.refuse(r.op, {"query_padding_size", "kv_padding_size", "key_shared_prefix", "value_shared_prefix",
+                  "actual_shared_prefix_len", "query_rope", "key_rope"},
+           "left padding, shared prefixes and MLA's rope inputs");
+  r.q = a.tensor("query");
+  r.k = a.tensor("key");
+  r.v = a.tensor("value");
+  checkInferenceDtypes(r.op, r.q, r.k, r.v);
+  parseLayout(r, a.str("input_layout"), {"BSH", "BSND", "BNSD", "BNSD_BSND", "TND"});
+  r.heads = a.integer("num_heads");
+  r.kvHeads = a.integer("num_key_value_heads");
+  r.scale = a.real("scale");
+  r.pre = a.integer("pre_tokens");
+  r.next = a.integer("next_tokens");
+  r.sparse = a.integer("sparse_mode");
+  r.mask = a.tensor("atten_mask");
+  r.pse = a.tensor("pse_shift");
+  r.qLensCount = a.length("actual_seq_lengths");
+  r.kvLensCount = a.length("actual_seq_lengths_kv");
+  r.blockTable = a.tensor("block_table");
+  r.blockSize = a.integer("block_size");
+  r.wantLse = a.flag("softmax_lse_flag");
+  checkSparse(r, {0, 1, 2, 3, 4});
+  return r;
+}
+
+Request fusedInferV2Request(const Args& a) {
+  Request r;
+  r.op = "npu_fused_infer_attention_score_v2";
+  a.refuse(r.op, {"dequant_scale_query", "dequant_scale_key", "dequant_offset_key", "dequant_scale_value",
+                  "dequant_offset_value", "dequant_scale_key_rope", "quant_scale_out", "quant_offset_out",
+                  "quant_scale_p", "query_dtype", "key_dtype", "value_dtype", "query_rope_dtype", "key_rope_dtype",
+                  "key_shared_prefix_dtype", "value_shared_prefix_dtype", "dequant_scale_query_dtype",
+                  "dequant_scale_key_dtype", "dequant_scale_value_dtype", "dequant_scale_key_rope_dtype", "out_dtype"},
+           "quantization and dtype overrides");
+  a.refuse(r.op, {"query_rope", "key_rope"}, "MLA's rope inputs");
+  r.q = a.tensor("query");
+  r.k = a.tensor("key");
+  r.v = a.tensor("value");
+  checkInferenceDtypes(r.op, r.q, r.k, r.v);
+  parseLayout(r, a.str("input_layout"), {"BSH", "BSND", "BNSD", "BNSD_BSND", "TND"});
+  r.heads = a.integer("num_query_heads");
+  r.kvHeads = a.integer("num_key_value_heads");
+  r.scale = a.real("softmax_scale");
+  r.pre = a.integer("pre_tokens");
+  r.next = a.integer("next_tokens");
+  r.sparse = a.integer("sparse_mode");
+  r.mask = a.tensor("atten_mask");
+  r.pse = a.tensor("pse_shift");
+  r.qLensCount = a.length("actual_seq_qlen");
+  r.kvLensCount = a.length("actual_seq_kvlen");
+  r.blockTable = a.tensor("block_table");
+  r.blockSize = a.integer("block_size");
+  r.wantLse = a.flag("return_softmax_lse");
+  r.sink = a.tensor("learnable_sink");
+  if (r.sink.defined()) {
+    TORCH_CHECK(r.in == Layout::TND && r.sink.scalar_type() == at::kBFloat16 && r.sink.dim() == 1 &&
+                    r.sink.size(0) == r.heads,
+                "npu::", r.op, ": learnable_sink must be bfloat16 of shape (num_query_heads,) = (", r.heads,
+                ",) with layout TND (the Ascend limits), got ", r.sink.scalar_type(), " ", r.sink.sizes(), " with ",
+                a.str("input_layout"));
+  }
+  checkSparse(r, {0, 1, 2, 3, 4});
+  return r;
+}
+
+// Reads the actual lengths (concrete values: kernels only).
+void readLengths(Request& r, const Args& a, const char* qName, const char* kvName) {
+  if (qName) r.qLens = a.ints(qName);
+  if (kvName) r.kvLens = a.ints(kvName);
+}
+
+template <bool Meta>
+void promptKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  Args a(op, stack);
+  Request r = promptRequest(a);
+  if (!Meta) readLengths(r, a, "actual_seq_lengths", "actual_seq_lengths_kv");
+  a.finish(std::get<0>(Meta ? attentionForwardMeta(r) : attentionForward(r)));
+}
+
+template <bool Meta>
+void increKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  Args a(op, stack);
+  Request r = increRequest(a);
+  if (!Meta) readLengths(r, a, nullptr, "actual_seq_lengths");
+  if (!symbolic(r.q)) {
+    const Geometry g = describe(r);
+    TORCH_CHECK(g.Sq == 1, "npu::", r.op, ": decodes one query per sequence (query's S must be 1, got ", g.Sq,
+                "); use npu_prompt_flash_attention or npu_fused_infer_attention_score for more");
+  }
+  a.finish(std::get<0>(Meta ? attentionForwardMeta(r) : attentionForward(r)));
+}
+
+template <bool Meta, bool V2>
+std::tuple<at::Tensor, at::Tensor> fusedInfer(const Args& a) {
+  Request r = V2 ? fusedInferV2Request(a) : fusedInferRequest(a);
+  if (!Meta) {
+    readLengths(r, a, V2 ? "actual_seq_qlen" : "actual_seq_lengths", V2 ? "actual_seq_kvlen" : "actual_seq_lengths_kv");
+  }
+  if (Meta && (symbolic(r.q) || symbolic(r.k) || symbolic(r.v))) return attentionForwardSymbolic(r);
+  Request probe = r;
+  asDecode(r, describe(probe));
+  if (r.decodeMaskShapes && r.in != Layout::TND) r.qLens.reset();  // decode: the query lengths do not apply
+  return Meta ? attentionForwardMeta(r) : attentionForward(r);
+}
+
+template <bool Meta, bool V2>
+void fusedInferKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  Args a(op, stack);
+  auto [out, lse] = fusedInfer<Meta, V2>(a);
+  a.finish(std::move(out), std::move(lse));
+}
+
+// The .out form (vllm-ascend's graph mode): the results copied into the given tensors.
+template <bool Meta, bool V2>
+void fusedInferOutKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  Args a(op, stack);
+  auto [out, lse] = fusedInfer<Meta, V2>(a);
+  at::Tensor attentionOut = a.tensor("attention_out"), softmaxLse = a.tensor("softmax_lse");
+  if (attentionOut.sizes() != out.sizes()) attentionOut.resize_(out.sizes());
+  if (softmaxLse.sizes() != lse.sizes()) softmaxLse.resize_(lse.sizes());
+  if (!Meta) {
+    attentionOut.copy_(out);
+    softmaxLse.copy_(lse);
+  }
+  a.finish(attentionOut, softmaxLse);
+}
+
+// The workspace the .out form takes: none is needed here; the call checks the arguments.
+template <bool Meta, bool V2>
+void fusedInferWorkspaceKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  Args a(op, stack);
+  Request r = V2 ? fusedInferV2Request(a) : fusedInferRequest(a);
+  if (!symbolic(r.q) && !symbolic(r.k)) describe(r);
+  a.finish(at::empty({0}, r.q.options().dtype(at::kByte)));
+}
+
+// ---- npu_fusion_attention_grad -----------------------------------------------------
+
+// dq, dk, dv (and dpse) of out = softmax(scale * (q k^T + pse), masked) v, as
+// npu_fusion_attention computes it: per tile, P from the forward's statistics
+// (exp(s - softmax_max) / softmax_sum) or recomputed, then dV = P^T dO,
+// dS = P * (dO V^T - rowsum(dO * O)), dQ = scale dS K, dK = scale dS^T Q.
+void fusionAttentionGradKernelImpl(Args& a, bool meta) {
+  Request r;
+  r.op = "npu_fusion_attention_grad";
+  a.refuse(r.op, {"padding_mask", "prefix", "softmax_in"}, "reserved arguments");
+  a.refuse(r.op, {"sink"}, "attention sinks");
+  TORCH_CHECK(a.str("softmax_layout").empty() || a.str("softmax_layout") == "TND" ||
+                  a.str("softmax_layout") == "same_as_input",
+              "npu::", r.op, ": softmax_layout '", a.str("softmax_layout"), "' is not supported; pass \"\"");
+  const double keepProb = a.real("keep_prob");
+  TORCH_CHECK(keepProb == 1.0, "npu::", r.op, ": keep_prob ", keepProb, " < 1 needs the forward's dropout mask, which "
+              "the npu device does not regenerate from seed/offset; differentiate torch_npu.npu_fusion_attention with "
+              "autograd instead (it replays its own dropout)");
+  r.q = a.tensor("query");
+  r.k = a.tensor("key");
+  r.v = a.tensor("value");
+  const at::Tensor dy = a.tensor("dy");
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&r.k, &r.v, &dy}) {
+    TORCH_CHECK(t->scalar_type() == r.q.scalar_type(), "npu::", r.op, ": query, key, value and dy must share a dtype, "
+                "got ", r.q.scalar_type(), " and ", t->scalar_type());
+  }
+  TORCH_CHECK(r.q.scalar_type() == at::kFloat || r.q.scalar_type() == at::kHalf || r.q.scalar_type() == at::kBFloat16,
+              "npu::", r.op, ": query must be float32, float16 or bfloat16, got ", r.q.scalar_type(), " on ",
+              r.q.device());
+  std::string layout = a.str("input_layout");
+  for (auto& c : layout) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  parseLayout(r, layout, {"BSH", "SBH", "BSND", "BNSD", "TND"});
+  r.heads = a.integer("head_num");
+  r.headsFromShape = true;
+  r.scale = a.real("scale_value");
+  r.pre = a.integer("pre_tockens");
+  r.next = a.integer("next_tockens");
+  r.sparse = a.integer("sparse_mode");
+  TORCH_CHECK(r.sparse >= 0 && r.sparse <= 3, "npu::", r.op, ": sparse_mode ", r.sparse, " is not supported on the "
+              "npu device (npu_fusion_attention has 0 to 3)");
+  r.bandWithoutMask = true;
+  r.mask = a.tensor("atten_mask");
+  if (r.sparse >= 2) r.mask = at::Tensor();  // the causal pattern: its geometry
+  r.pse = a.tensor("pse");
+  r.qLensCount = a.length("actual_seq_qlen");
+  r.kvLensCount = a.length("actual_seq_kvlen");
+  if (r.in == Layout::TND) {
+    TORCH_CHECK(!r.mask.defined(), "npu::", r.op, ": layout TND takes sparse_mode 2 or 3 (or no mask) on the npu "
+                "device");
+  }
+  if (!meta && r.in == Layout::TND) readLengths(r, a, "actual_seq_qlen", "actual_seq_kvlen");
+  // For BSH/SBH the kv heads follow from the sizes.
+  if (r.in == Layout::BSH || r.in == Layout::SBH) {
+    TORCH_CHECK(r.q.dim() == 3 && r.k.dim() == 3, "npu::", r.op, ": query and key must be 3-dimensional in layout ",
+                layoutName(r.in), ", got ", r.q.sizes(), " and ", r.k.sizes());
+    const int64_t hidden = staticSize(r.q, 2);
+    TORCH_CHECK(r.heads > 0 && hidden % r.heads == 0, "npu::", r.op, ": query's hidden size ", hidden,
+                " is not a multiple of head_num ", r.heads);
+    r.kvHeads = staticSize(r.k, 2) / (hidden / r.heads);
+  } else {
+    r.kvHeads = r.k.dim() >= 3 ? staticSize(r.k, r.in == Layout::BSND ? 2 : 1) : 0;
+  }
+  if (meta && (symbolic(r.q) || symbolic(r.k) || symbolic(r.v))) {  // dynamic shapes: the inputs' shapes
+    const at::Tensor dpse = r.pse.defined() ? at::empty_symint(r.pse.sym_sizes(), r.pse.options()) : at::Tensor();
+    a.finish(at::empty_symint(r.q.sym_sizes(), r.q.options()), at::empty_symint(r.k.sym_sizes(), r.k.options()),
+             at::empty_symint(r.v.sym_sizes(), r.v.options()), dpse, at::empty({0}, r.k.options().dtype(at::kFloat)));
+    return;
+  }
+  const Geometry g = describe(r);
+  TORCH_CHECK(dy.sizes() == r.q.sizes() && g.Dv == g.D, "npu::", r.op, ": dy must have query's shape ", r.q.sizes(),
+              ", got ", dy.sizes());
+  const at::Tensor pse = r.pse;
+  at::Tensor dpse;
+  if (meta) {
+    if (pse.defined()) dpse = at::empty(pse.sizes(), pse.options());
+    a.finish(at::empty(r.q.sizes(), r.q.options()), at::empty(r.k.sizes(), r.k.options()),
+             at::empty(r.v.sizes(), r.v.options()), dpse, at::empty({0}, r.k.options().dtype(at::kFloat)));
+    return;
+  }
+  const at::Tensor maxIn = a.tensor("softmax_max"), sumIn = a.tensor("softmax_sum"), outIn = a.tensor("attention_in");
+  TORCH_CHECK(maxIn.defined() == sumIn.defined(), "npu::", r.op, ": give softmax_max and softmax_sum together (or "
+              "neither, to recompute them)");
+  if (maxIn.defined()) {
+    const int64_t rows = r.in == Layout::TND ? g.Sq * g.N : g.B * g.N * g.Sq;
+    TORCH_CHECK(maxIn.numel() % std::max<int64_t>(rows, 1) == 0 && sumIn.numel() == maxIn.numel() &&
+                    maxIn.size(-1) == maxIn.numel() / std::max<int64_t>(rows, 1),
+                "npu::", r.op, ": softmax_max and softmax_sum must be npu_fusion_attention's [B, N, S, 8] ([T, N, 8] "
+                "for TND), got ", maxIn.sizes());
+  }
+  if (outIn.defined()) {
+    TORCH_CHECK(outIn.sizes() == r.q.sizes(), "npu::", r.op, ": attention_in must be the forward's output, shaped like "
+                "query ", r.q.sizes(), ", got ", outIn.sizes());
+  }
+  // five matmuls: the scores again, dV, dP, dQ and dK
+  runtime::tracing::Projection projected(attentionProjectedNs(r, g, 5));
+  auto results = onHost(r.op, {r.q, r.k, r.v, dy, r.mask, pse, maxIn, sumIn, outIn}, [&](auto input, auto output) {
+    Problem p;
+    p.g = g;
+    const at::Tensor q = input(r.q), k = input(r.k), v = input(r.v), dO = input(dy);
+    Request host = r;
+    host.mask = input(r.mask);
+    // npu_fusion_attention's scores are scale * (q k^T + pse): the core adds a bias to the
+    // scaled scores, so it is given scale * pse (and dpse = scale * dbias).
+    prepare(p, host, q, k, v, at::Tensor(), pse.defined() ? input(pse).to(at::kFloat).mul(r.scale) : at::Tensor());
+    const at::Tensor doFlat = dO.reshape({-1, g.D});
+    const at::Tensor outFlat = outIn.defined() ? input(outIn).reshape({-1, g.D}) : at::Tensor();
+    const Rows statRows = rowsOf(r.in == Layout::TND ? Layout::TND : Layout::BNSD, g.B, g.N, g.Sq,
+                                 std::vector<int64_t>(g.B, 0));
+    at::Tensor maxes, sums;  // the forward's statistics, one per query row
+    if (maxIn.defined()) {
+      const int64_t width = maxIn.size(-1);
+      maxes = input(maxIn).to(at::kFloat).reshape({-1, width}).select(1, 0).contiguous();
+      sums = input(sumIn).to(at::kFloat).reshape({-1, width}).select(1, 0).contiguous();
+    }
+    at::Tensor dq = at::zeros(q.sizes(), q.options()), dk = at::zeros(k.sizes(), k.options()),
+               dv = at::zeros(v.sizes(), v.options());
+    at::Tensor dqFlat = dq.view({-1, g.D}), dkFlat = dk.view({-1, g.D}), dvFlat = dv.view({-1, g.Dv});
+    at::Tensor dbias = p.pse.defined() ? at::zeros(p.pse.sizes(), p.pse.options()) : at::Tensor();
+    const int64_t G = p.group();
+    // Tiles run in parallel, each giving its own dk and dv rows (float32, over its key
+    // range); each (batch, kv head) then adds its tiles' parts in tile order, so the
+    // result does not depend on the thread schedule. dpse sums over what pse is broadcast
+    // over (batches, heads, query rows): then the tiles run one at a time.
+    const bool sharedBias = dbias.defined() && ((dbias.size(0) == 1 && g.B > 1) || dbias.size(1) != g.N ||
+                                                dbias.size(2) == 1);
+    std::vector<Tile> work;
+    std::vector<int64_t> firstTile(g.B * g.KVN + 1, 0);  // the tiles of task (b, h): [first[t], first[t + 1])
+    for (int64_t task = 0; task < g.B * g.KVN; ++task) {
+      p.tiles(task / g.KVN, task % g.KVN, work);
+      firstTile[task + 1] = static_cast<int64_t>(work.size());
+    }
+    std::vector<at::Tensor> partK(work.size()), partV(work.size());
+    const float* mp = maxes.defined() ? maxes.const_data_ptr<float>() : nullptr;
+    const float* sp = sums.defined() ? sums.const_data_ptr<float>() : nullptr;
+    eachInParallel(static_cast<int64_t>(work.size()), !sharedBias, [&](int64_t w) {
+      const Tile& t = work[w];
+      const int64_t b = t.b, width = t.end - t.begin, rows = G * t.rows;
+      const at::Tensor k = p.keys(p.kFlat, b, t.kvHead, t.begin, t.end);
+      const at::Tensor vv = p.keys(p.vFlat, b, t.kvHead, t.begin, t.end);
+      // The queries times the scale: the scores are qs k^T, and dk = dS^T qs.
+      const at::Tensor qs = p.queries(p.qFlat, t).to(at::kFloat).mul(p.scale).reshape({rows, g.D});
+      const at::Tensor dof = p.queries(doFlat, t).to(at::kFloat).reshape({rows, g.Dv});
+      at::Tensor probs = p.scores(t, qs, k);
+      float* pp = probs.mutable_data_ptr<float>();
+      p.eachRow(t, [&](int64_t row, int64_t n, int64_t i, int64_t lo, int64_t hi, const uint8_t* mask) {
+        float* pr = pp + row * width;
+        if (mp != nullptr) {  // P = exp(s - softmax_max) / softmax_sum, from the forward
+          const int64_t at = statRows.at(b, n, i + p.len.qStart[b]);
+          if (mp[at] == -std::numeric_limits<float>::infinity()) {
+            std::fill(pr, pr + width, 0.0f);
+          } else {
+            expRow(pr, width, lo, hi, mask, mp[at], 1.0f / sp[at]);
+          }
+          return;
+        }
+        const float m = keptMax(pr, lo, hi, mask);
+        if (m == -std::numeric_limits<float>::infinity()) {
+          std::fill(pr, pr + width, 0.0f);
+          return;
+        }
+        const float inv = 1.0f / expRow(pr, width, lo, hi, mask, m, 1.0f);
+        for (int64_t j = lo; j <= hi; ++j) pr[j] *= inv;
+      });
+      const at::Tensor o = outFlat.defined() ? p.queries(outFlat, t).to(at::kFloat).reshape({rows, g.Dv})
+                                             : at::mm(probs, vv);
+      partV[w] = at::mm(probs.t(), dof);
+      // dS = P * (dO v^T - rowsum(dO * O)): the gradient of the scaled scores
+      at::Tensor ds = at::mm(dof, vv.t()).sub_(dof.mul(o).sum(-1, true)).mul_(probs);
+      if (dbias.defined()) {
+        at::Tensor target = dbias.select(0, dbias.size(0) == 1 ? 0 : b);
+        at::Tensor part = ds.view({G, t.rows, width});
+        if (target.size(0) == 1) part = part.sum(0, true); else target = target.narrow(0, t.n0, G);
+        if (target.size(1) == 1) part = part.sum(1, true); else target = target.narrow(1, t.i0, t.rows);
+        if (target.size(2) == 1) part = part.sum(2, true); else target = target.narrow(2, t.begin, width);
+        target.add_(part);
+      }
+      strided(dqFlat, p.qRows.at(b, t.n0, t.i0 + p.len.qStart[b]), {G, t.rows}, {p.qRows.head, p.qRows.seq})
+          .copy_(at::mm(ds, k).mul_(p.scale).view({G, t.rows, g.D}));
+      partK[w] = at::mm(ds.t(), qs);
+    });
+    eachInParallel(g.B * g.KVN, true, [&](int64_t task) {
+      if (firstTile[task] == firstTile[task + 1]) return;
+      const int64_t b = task / g.KVN, h = task % g.KVN, skv = p.len.skv[b];
+      at::Tensor dK = at::zeros({skv, g.D}, at::TensorOptions().dtype(at::kFloat));
+      at::Tensor dV = at::zeros({skv, g.Dv}, at::TensorOptions().dtype(at::kFloat));
+      for (int64_t w = firstTile[task]; w < firstTile[task + 1]; ++w) {
+        dK.narrow(0, work[w].begin, partK[w].size(0)).add_(partK[w]);
+        dV.narrow(0, work[w].begin, partV[w].size(0)).add_(partV[w]);
+      }
+      const int64_t first = p.kvRows.at(b, h, p.len.kvStart[b]);
+      strided(dkFlat, first, {skv}, {p.kvRows.seq}).copy_(dK);
+      strided(dvFlat, first, {skv}, {p.kvRows.seq}).copy_(dV);
+    });
+    at::Tensor dpseOut;
+    if (dbias.defined()) dpseOut = output(dbias.mul(r.scale).reshape(pse.sizes()).to(pse.scalar_type()));
+    return std::make_tuple(output(dq), output(dk), output(dv), dpseOut,
+                           output(at::empty({0}, q.options().dtype(at::kFloat))));
+  });
+  auto& [dq, dk, dv, dp, dsink] = results;
+  a.finish(std::move(dq), std::move(dk), std::move(dv), std::move(dp), std::move(dsink));
+}
+
+template <bool Meta>
+void fusionAttentionGradKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  Args a(op, stack);
+  fusionAttentionGradKernelImpl(a, Meta);
+}
+
+// ---- the paged KV cache ------------------------------------------------------------
+
+// The dtypes a cache may hold (the copies move bytes).
+void checkCacheDtype(const char* op, const at::Tensor& t, const char* name, const at::Tensor& like) {
+  const auto d = t.scalar_type();
+  const bool ok = d == at::kHalf || d == at::kFloat || d == at::kBFloat16 || d == at::kChar || d == at::kByte ||
+                  d == at::kShort || d == at::kInt || d == at::kFloat8_e5m2 || d == at::kFloat8_e4m3fn;
+  TORCH_CHECK(ok, "npu::", op, ": ", name, " has dtype ", d, ", not one the cache takes (float16, float32, bfloat16, "
+              "int8, uint8, int16, int32, float8)");
+  TORCH_CHECK(d == like.scalar_type(), "npu::", op, ": ", name, " must have key's dtype ", like.scalar_type(),
+              ", got ", d);
+  TORCH_CHECK(t.is_contiguous(), "npu::", op, ": ", name, " must be contiguous (on ", t.device(),
+              "); call .contiguous()");
+}
+
+void checkIndexDtype(const char* op, const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, "npu::", op, ": ", name,
+              " must be int32 or int64, got ", t.scalar_type());
+}
+
+std::vector<int64_t> toLongs(const at::Tensor& t) {
+  const at::Tensor l = t.to(at::kLong).contiguous();
+  return std::vector<int64_t>(l.const_data_ptr<int64_t>(), l.const_data_ptr<int64_t>() + l.numel());
+}
+
+enum class CacheMode { Norm, Nz };
+
+// The cache layouts: Norm [blocks, block_size, heads, head_size]; PA_NZ [blocks,
+// heads * head_size / last, block_size, last] (the token's row cut into `last`-wide pieces).
+struct CacheShape {
+  CacheMode mode;
+  int64_t blocks = 0, blockSize = 0, width = 0, last = 0;  // width: heads * head_size of one token
+};
+
+CacheShape cacheShapeOf(const char* op, const char* name, const at::Tensor& cache, const at::Tensor& tokens,
+                        CacheMode mode) {
+  TORCH_CHECK(cache.dim() == 4, "npu::", op, ": ", name, " must be 4-dimensional, got ", cache.sizes());
+  TORCH_CHECK(tokens.dim() == 3, "npu::", op, ": the tokens for ", name, " must be [tokens, heads, head_size], got ",
+              tokens.sizes());
+  CacheShape c;
+  c.mode = mode;
+  c.blocks = cache.size(0);
+  c.width = tokens.size(1) * tokens.size(2);
+  if (mode == CacheMode::Norm) {
+    c.blockSize = cache.size(1);
+    TORCH_CHECK(cache.size(2) == tokens.size(1) && cache.size(3) == tokens.size(2), "npu::", op, ": ", name,
+                " [blocks, block_size, heads, head_size] must match the tokens' heads and head size ",
+                tokens.sizes().slice(1), ", got ", cache.sizes());
+  } else {
+    c.blockSize = cache.size(2);
+    c.last = cache.size(3);
+    TORCH_CHECK(c.last > 0 && cache.size(1) * c.last == c.width, "npu::", op, ": ", name, " in PA_NZ is [blocks, H / ",
+                "last, block_size, last] with H = heads * head_size = ", c.width, ", got ", cache.sizes());
+  }
+  return c;
+}
+
+// Where the elements of cache slot `slot` lie: `pieces` runs of `run` elements,
+// `stride` elements apart, from the returned offset.
+struct SlotRuns {
+  int64_t first, pieces, run, stride;
+};
+SlotRuns slotRuns(const CacheShape& c, int64_t slot) {
+  const int64_t block = slot / c.blockSize, offset = slot % c.blockSize;
+  if (c.mode == CacheMode::Norm) return {(block * c.blockSize + offset) * c.width, 1, c.width, 0};
+  const int64_t pieces = c.width / c.last;
+  return {(block * pieces * c.blockSize + offset) * c.last, pieces, c.last, c.blockSize * c.last};
+}
+
+void writeSlot(const CacheShape& c, uint8_t* cache, const uint8_t* token, int64_t slot, size_t item) {
+  const SlotRuns r = slotRuns(c, slot);
+  for (int64_t k = 0; k < r.pieces; ++k) {
+    std::memcpy(cache + (r.first + k * r.stride) * item, token + k * r.run * item, r.run * item);
+  }
+}
+
+void readSlot(const CacheShape& c, const uint8_t* cache, uint8_t* token, int64_t slot, size_t item) {
+  const SlotRuns r = slotRuns(c, slot);
+  for (int64_t k = 0; k < r.pieces; ++k) {
+    std::memcpy(token + k * r.run * item, cache + (r.first + k * r.stride) * item, r.run * item);
+  }
+}
+
+template <bool Meta>
+void scatterKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  Args a(op, stack);
+  const char* name = "npu_scatter_pa_kv_cache";
+  a.refuse(name, {"compress_lens", "compress_seq_offsets", "seq_lens"}, "the compressed cache (4-D key/value)");
+  const at::Tensor key = a.tensor("key"), value = a.tensor("value"), keyCache = a.tensor("key_cache"),
+                   valueCache = a.tensor("value_cache"), slots = a.tensor("slot_mapping");
+  if (Meta && (symbolic(key) || symbolic(value) || symbolic(keyCache) || symbolic(valueCache) || symbolic(slots))) {
+    a.finish();  // dynamic shapes: nothing to infer, the kernel checks
+    return;
+  }
+  const std::string modeName = a.str("cache_mode");
+  TORCH_CHECK(modeName.empty() || modeName == "Norm" || modeName == "PA_NZ", "npu::", name, ": cache_mode must be "
+              "'PA_NZ' or 'Norm' (or None), got '", modeName, "'");
+  const CacheMode mode = modeName == "PA_NZ" ? CacheMode::Nz : CacheMode::Norm;
+  TORCH_CHECK(key.dim() == 3 && value.dim() == 3, "npu::", name, ": key and value must be [tokens, heads, head_size] "
+              "on the npu device (4-D, the compressed cache, is not supported), got ", key.sizes(), " and ",
+              value.sizes());
+  TORCH_CHECK(key.size(0) == value.size(0) && key.size(1) == value.size(1), "npu::", name, ": key and value must "
+              "share the tokens and heads, got ", key.sizes(), " and ", value.sizes());
+  checkCacheDtype(name, key, "key", key);
+  checkCacheDtype(name, value, "value", key);
+  checkCacheDtype(name, keyCache, "key_cache", key);
+  checkCacheDtype(name, valueCache, "value_cache", key);
+  checkIndexDtype(name, slots, "slot_mapping");
+  TORCH_CHECK(slots.dim() == 1 && slots.size(0) == key.size(0), "npu::", name, ": slot_mapping must be [tokens] = [",
+              key.size(0), "], got ", slots.sizes());
+  const CacheShape kc = cacheShapeOf(name, "key_cache", keyCache, key, mode);
+  const CacheShape vc = cacheShapeOf(name, "value_cache", valueCache, value, mode);
+  TORCH_CHECK(kc.blocks == vc.blocks && kc.blockSize == vc.blockSize, "npu::", name, ": key_cache and value_cache "
+              "must have the same blocks and block size, got ", keyCache.sizes(), " and ", valueCache.sizes());
+  if (!Meta) {
+    // the tokens read and their slots written
+    runtime::tracing::Projection projected(projectedNs(static_cast<double>(key.numel() + value.numel()), false,
+                                                       key.scalar_type(), 2 * tensorBytes({key, value})));
+    onHost(name, {key, value, keyCache, valueCache, slots}, [&](auto input, auto) {
+      const at::Tensor k = input(key), v = input(value), kcache = input(keyCache), vcache = input(valueCache);
+      const std::vector<int64_t> slot = toLongs(input(slots));
+      const int64_t capacity = kc.blocks * kc.blockSize;
+      for (size_t t = 0; t < slot.size(); ++t) {
+        TORCH_CHECK(slot[t] < capacity, "npu::", name, ": slot_mapping[", t, "] = ", slot[t], " is past the cache (",
+                    kc.blocks, " blocks of ", kc.blockSize, ")");
+      }
+      const size_t item = k.element_size();
+      const auto* kp = static_cast<const uint8_t*>(k.const_data_ptr());
+      const auto* vp = static_cast<const uint8_t*>(v.const_data_ptr());
+      auto* kcp = static_cast<uint8_t*>(kcache.mutable_data_ptr());
+      auto* vcp = static_cast<uint8_t*>(vcache.mutable_data_ptr());
+      at::parallel_for(0, static_cast<int64_t>(slot.size()), 64, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          if (slot[t] < 0) continue;  // padding tokens
+          writeSlot(kc, kcp, kp + t * kc.width * item, slot[t], item);
+          writeSlot(vc, vcp, vp + t * vc.width * item, slot[t], item);
+        }
+      });
+      return 0;
+    });
+  }
+  a.finish();
+}
+
+// Reads the sequences of block_tables back into key/value [tokens, heads, head_size],
+// one sequence after another (Norm layout; see the Python wrapper for PA_NZ).
+void gatherInto(const char* name, const at::Tensor& keyCache, const at::Tensor& valueCache, const at::Tensor& tables,
+                const at::Tensor& seqLens, const at::Tensor& key, const at::Tensor& value, const at::Tensor& seqOffset,
+                bool cumsum, bool run) {
+  checkCacheDtype(name, keyCache, "key_cache", keyCache);
+  checkCacheDtype(name, valueCache, "value_cache", keyCache);
+  checkCacheDtype(name, key, "key", keyCache);
+  checkCacheDtype(name, value, "value", keyCache);
+  checkIndexDtype(name, tables, "block_tables");
+  checkIndexDtype(name, seqLens, "seq_lens");
+  TORCH_CHECK(key.dim() == 3 && value.dim() == 3 && key.size(0) == value.size(0), "npu::", name, ": key and value "
+              "must be [tokens, heads, head_size] with the same tokens, got ", key.sizes(), " and ", value.sizes());
+  const CacheShape kc = cacheShapeOf(name, "key_cache", keyCache, key, CacheMode::Norm);
+  const CacheShape vc = cacheShapeOf(name, "value_cache", valueCache, value, CacheMode::Norm);
+  TORCH_CHECK(kc.blocks == vc.blocks && kc.blockSize == vc.blockSize, "npu::", name, ": key_cache and value_cache "
+              "must have the same blocks and block size, got ", keyCache.sizes(), " and ", valueCache.sizes());
+  TORCH_CHECK(tables.dim() == 2, "npu::", name, ": block_tables must be [batch, max blocks], got ", tables.sizes());
+  const int64_t batches = tables.size(0);
+  TORCH_CHECK(seqLens.dim() == 1 && seqLens.size(0) == batches + (cumsum ? 1 : 0), "npu::", name, ": seq_lens must "
+              "have ", cumsum ? "batch + 1 cumulative entries (from 0)" : "one entry per batch", " (batch ", batches,
+              "), got ", seqLens.sizes());
+  if (seqOffset.defined()) {
+    checkIndexDtype(name, seqOffset, "seq_offset");
+    TORCH_CHECK(seqOffset.dim() == 1 && seqOffset.size(0) == batches, "npu::", name, ": seq_offset must be [batch] = [",
+                batches, "], got ", seqOffset.sizes());
+  }
+  if (!run) return;
+  runtime::tracing::Projection projected(projectedNs(static_cast<double>(key.numel() + value.numel()), false,
+                                                     key.scalar_type(), 2 * tensorBytes({key, value})));
+  onHost(name, {keyCache, valueCache, tables, seqLens, key, value, seqOffset}, [&](auto input, auto) {
+    const at::Tensor kcache = input(keyCache), vcache = input(valueCache), k = input(key), v = input(value);
+    const std::vector<int64_t> table = toLongs(input(tables));
+    std::vector<int64_t> lens = toLongs(input(seqLens));
+    if (cumsum) {
+      for (int64_t b = 0; b < batches; ++b) lens[b] = lens[b + 1] - lens[b];
+      lens.resize(batches);
+    }
+    const std::vector<int64_t> offsets =
+        seqOffset.defined() ? toLongs(input(seqOffset)) : std::vector<int64_t>(batches, 0);
+    const int64_t cols = tables.size(1), tokens = k.size(0);
+    const size_t item = k.element_size();
+    const auto* kcp = static_cast<const uint8_t*>(kcache.const_data_ptr());
+    const auto* vcp = static_cast<const uint8_t*>(vcache.const_data_ptr());
+    auto* kp = static_cast<uint8_t*>(k.mutable_data_ptr());
+    auto* vp = static_cast<uint8_t*>(v.mutable_data_ptr());
+    int64_t row = 0;
+    for (int64_t b = 0; b < batches && row < tokens; ++b) {
+      TORCH_CHECK(lens[b] >= 0, "npu::", name, ": seq_lens[", b, "] = ", lens[b], " is negative");
+      const int64_t first = offsets[b] / kc.blockSize;  // the sequence starts at a block
+      for (int64_t j = 0; j < lens[b] && row < tokens; ++j, ++row) {
+        const int64_t column = first + j / kc.blockSize;
+        const int64_t block = column < cols ? table[b * cols + column] : -1;
+        if (block < 0 || block >= kc.blocks) {  // no such block: zeros, as Ascend's kernel
+          std::memset(kp + row * kc.width * item, 0, kc.width * item);
+          std::memset(vp + row * vc.width * item, 0, vc.width * item);
+          continue;
+        }
+        const int64_t slot = block * kc.blockSize + j % kc.blockSize;
+        readSlot(kc, kcp, kp + row * kc.width * item, slot, item);
+        readSlot(vc, vcp, vp + row * vc.width * item, slot, item);
+      }
+    }
+    return 0;
+  });
+}
+
+template <bool Meta, bool Functional>
+void gatherKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  Args a(op, stack);
+  const char* name = Functional ? "npu_gather_pa_kv_cache_functional" : "npu_gather_pa_kv_cache";
+  at::Tensor key = a.tensor("key"), value = a.tensor("value");
+  if (Functional) {
+    key = Meta ? at::empty_symint(key.sym_sizes(), key.options()) : key.clone();
+    value = Meta ? at::empty_symint(value.sym_sizes(), value.options()) : value.clone();
+  }
+  if (Meta && (symbolic(key) || symbolic(a.tensor("key_cache")) || symbolic(a.tensor("block_tables")))) {
+    if (Functional) a.finish(std::move(key), std::move(value)); else a.finish();  // dynamic shapes: the kernel checks
+    return;
+  }
+  gatherInto(name, a.tensor("key_cache"), a.tensor("value_cache"), a.tensor("block_tables"), a.tensor("seq_lens"), key,
+             value, a.tensor("seq_offset"), a.flag("is_seq_lens_cumsum"), !Meta);
+  if (Functional) a.finish(std::move(key), std::move(value)); else a.finish();
+}
+
+template <bool Meta>
+void scatterFunctionalKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  // The functional form: the same checks and copies, on clones of the caches.
+  Args a(op, stack);
+  at::Tensor keyCache = a.tensor("key_cache"), valueCache = a.tensor("value_cache");
+  keyCache = Meta ? at::empty_symint(keyCache.sym_sizes(), keyCache.options()) : keyCache.clone();
+  valueCache = Meta ? at::empty_symint(valueCache.sym_sizes(), valueCache.options()) : valueCache.clone();
+  static const c10::OperatorHandle inplace =
+      c10::Dispatcher::singleton().findSchemaOrThrow("npu::npu_scatter_pa_kv_cache", "");
+  torch::jit::Stack call{a.tensor("key"), a.tensor("value"), keyCache, valueCache, a.tensor("slot_mapping"),
+                         a["compress_lens"], a["compress_seq_offsets"], a["seq_lens"], a["cache_mode"]};
+  if (Meta) {
+    scatterKernel<true>(inplace, &call);
+  } else {
+    scatterKernel<false>(inplace, &call);
+  }
+  a.finish(std::move(keyCache), std::move(valueCache));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(npu, m) {
+  m.def("npu_prompt_flash_attention(Tensor query, Tensor key, Tensor value, *, Tensor? padding_mask=None, "
+        "Tensor? atten_mask=None, Tensor? pse_shift=None, int[]? actual_seq_lengths=None, Tensor? deq_scale1=None, "
+        "Tensor? quant_scale1=None, Tensor? deq_scale2=None, Tensor? quant_scale2=None, Tensor? quant_offset2=None, "
+        "int num_heads=1, float scale_value=1.0, int pre_tokens=2147483647, int next_tokens=0, "
+        "str input_layout=\"BSH\", int num_key_value_heads=0, int[]? actual_seq_lengths_kv=None, "
+        "int sparse_mode=0) -> Tensor");
+  m.def("npu_incre_flash_attention(Tensor query, Tensor key, Tensor value, *, Tensor? padding_mask=None, "
+        "Tensor? atten_mask=None, Tensor? pse_shift=None, SymInt[]? actual_seq_lengths=None, "
+        "Tensor? antiquant_scale=None, Tensor? antiquant_offset=None, Tensor? block_table=None, "
+        "Tensor? dequant_scale1=None, Tensor? quant_scale1=None, Tensor? dequant_scale2=None, "
+        "Tensor? quant_scale2=None, Tensor? quant_offset2=None, Tensor? kv_padding_size=None, int num_heads=1, "
+        "float scale_value=1.0, str input_layout=\"BSH\", int num_key_value_heads=0, int block_size=0, "
+        "int inner_precise=1) -> Tensor");
+  // The fused infer ops, their .out forms (vllm-ascend's graph mode) and the workspace query.
+  const std::string fia =
+      "Tensor query, Tensor key, Tensor value, *, Tensor? pse_shift=None, "
+      "Tensor? atten_mask=None, SymInt[]? actual_seq_lengths=None, SymInt[]? actual_seq_lengths_kv=None, "
+      "Tensor? dequant_scale1=None, Tensor? quant_scale1=None, Tensor? dequant_scale2=None, "
+      "Tensor? quant_scale2=None, Tensor? quant_offset2=None, Tensor? antiquant_scale=None, "
+      "Tensor? antiquant_offset=None, Tensor? key_antiquant_scale=None, Tensor? key_antiquant_offset=None, "
+      "Tensor? value_antiquant_scale=None, Tensor? value_antiquant_offset=None, Tensor? block_table=None, "
+      "Tensor? query_padding_size=None, Tensor? kv_padding_size=None, Tensor? key_shared_prefix=None, "
+      "Tensor? value_shared_prefix=None, SymInt[]? actual_shared_prefix_len=None, Tensor? query_rope=None, "
+      "Tensor? key_rope=None, Tensor? key_rope_antiquant_scale=None, int num_heads=1, float scale=1.0, "
+      "int pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", "
+      "int num_key_value_heads=0, int sparse_mode=0, int inner_precise=0, int block_size=0, "
+      "int antiquant_mode=0, int key_antiquant_mode=0, int value_antiquant_mode=0, "
+      "bool softmax_lse_flag=False";
+  const std::string v2 =
+      "Tensor query, Tensor key, Tensor value, *, Tensor? query_rope=None, "
+      "Tensor? key_rope=None, Tensor? pse_shift=None, Tensor? atten_mask=None, SymInt[]? actual_seq_qlen=None, "
+      "SymInt[]? actual_seq_kvlen=None, Tensor? block_table=None, Tensor? dequant_scale_query=None, "
+      "Tensor? dequant_scale_key=None, Tensor? dequant_offset_key=None, Tensor? dequant_scale_value=None, "
+      "Tensor? dequant_offset_value=None, Tensor? dequant_scale_key_rope=None, Tensor? quant_scale_out=None, "
+      "Tensor? quant_offset_out=None, Tensor? quant_scale_p=None, Tensor? learnable_sink=None, "
+      "int num_query_heads=1, int num_key_value_heads=0, float softmax_scale=1.0, int pre_tokens=2147483647, "
+      "int next_tokens=2147483647, str input_layout=\"BSH\", int sparse_mode=0, int block_size=0, "
+      "int query_quant_mode=0, int key_quant_mode=0, int value_quant_mode=0, int inner_precise=0, "
+      "bool return_softmax_lse=False, int? query_dtype=None, int? key_dtype=None, int? value_dtype=None, "
+      "int? query_rope_dtype=None, int? key_rope_dtype=None, int? key_shared_prefix_dtype=None, "
+      "int? value_shared_prefix_dtype=None, int? dequant_scale_query_dtype=None, "
+      "int? dequant_scale_key_dtype=None, int? dequant_scale_value_dtype=None, "
+      "int? dequant_scale_key_rope_dtype=None, int? out_dtype=None";
+  const std::string outs =
+      ", Tensor? workspace=None, Tensor(a!) attention_out, Tensor(b!) softmax_lse) -> (Tensor(a!), Tensor(b!))";
+  m.def(("npu_fused_infer_attention_score(" + fia + ") -> (Tensor, Tensor)").c_str());
+  m.def(("npu_fused_infer_attention_score.out(" + fia + outs).c_str());
+  m.def(("_npu_fused_infer_attention_score_get_max_workspace(" + fia + ") -> Tensor").c_str());
+  m.def(("npu_fused_infer_attention_score_v2(" + v2 + ") -> (Tensor, Tensor)").c_str());
+  m.def(("npu_fused_infer_attention_score_v2.out(" + v2 + outs).c_str());
+  m.def(("_npu_fused_infer_attention_score_v2_get_max_workspace(" + v2 + ") -> Tensor").c_str());
+  m.def("npu_fusion_attention_grad(Tensor query, Tensor key, Tensor value, Tensor dy, int head_num, "
+        "str input_layout, *, Tensor? pse=None, Tensor? padding_mask=None, Tensor? atten_mask=None, "
+        "Tensor? softmax_max=None, Tensor? softmax_sum=None, Tensor? softmax_in=None, Tensor? attention_in=None, "
+        "float scale_value=1., float keep_prob=1., int pre_tockens=2147483647, int next_tockens=2147483647, "
+        "int inner_precise=0, int seed=0, int offset=0, int numels=0, int[]? prefix=None, "
+        "int[]? actual_seq_qlen=None, int[]? actual_seq_kvlen=None, int sparse_mode=0, "
+        "bool gen_mask_parallel=True, bool sync=False, str softmax_layout=\"\", Tensor? sink=None) -> "
+        "(Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("npu_scatter_pa_kv_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+        "Tensor slot_mapping, *, Tensor? compress_lens=None, Tensor? compress_seq_offsets=None, "
+        "Tensor? seq_lens=None, str? cache_mode='PA_NZ') -> ()");
+  m.def("npu_scatter_pa_kv_cache_functional(Tensor key, Tensor value, Tensor key_cache, Tensor value_cache, "
+        "Tensor slot_mapping, *, Tensor? compress_lens=None, Tensor? compress_seq_offsets=None, "
+        "Tensor? seq_lens=None, str? cache_mode='PA_NZ') -> (Tensor, Tensor)");
+  m.def("npu_gather_pa_kv_cache(Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor seq_lens, "
+        "Tensor(a!) key, Tensor(b!) value, *, Tensor? seq_offset=None, bool is_seq_lens_cumsum=False) -> ()");
+  m.def("npu_gather_pa_kv_cache_functional(Tensor key_cache, Tensor value_cache, Tensor block_tables, "
+        "Tensor seq_lens, Tensor key, Tensor value, *, Tensor? seq_offset=None, "
+        "bool is_seq_lens_cumsum=False) -> (Tensor, Tensor)");
+}
+
+#define NPU_ATTENTION_KERNELS(KEY, META)                                                                           \
+  TORCH_LIBRARY_IMPL(npu, KEY, m) {                                                                                \
+    m.impl("npu_prompt_flash_attention", torch::CppFunction::makeFromBoxedFunction<&promptKernel<META>>());       \
+    m.impl("npu_incre_flash_attention", torch::CppFunction::makeFromBoxedFunction<&increKernel<META>>());         \
+    m.impl("npu_fused_infer_attention_score",                                                                      \
+           torch::CppFunction::makeFromBoxedFunction<&fusedInferKernel<META, false>>());                           \
+    m.impl("npu_fused_infer_attention_score_v2",                                                                   \
+           torch::CppFunction::makeFromBoxedFunction<&fusedInferKernel<META, true>>());                            \
+    m.impl("npu_fused_infer_attention_score.out",                                                                  \
+           torch::CppFunction::makeFromBoxedFunction<&fusedInferOutKernel<META, false>>());                        \
+    m.impl("npu_fused_infer_attention_score_v2.out",                                                               \
+           torch::CppFunction::makeFromBoxedFunction<&fusedInferOutKernel<META, true>>());                         \
+    m.impl("_npu_fused_infer_attention_score_get_max_workspace",                                                   \
+           torch::CppFunction::makeFromBoxedFunction<&fusedInferWorkspaceKernel<META, false>>());                  \
+    m.impl("_npu_fused_infer_attention_score_v2_get_max_workspace",                                                \
+           torch::CppFunction::makeFromBoxedFunction<&fusedInferWorkspaceKernel<META, true>>());                   \
+    m.impl("npu_fusion_attention_grad",                                                                            \
+           torch::CppFunction::makeFromBoxedFunction<&fusionAttentionGradKernel<META>>());                         \
+    m.impl("npu_scatter_pa_kv_cache", torch::CppFunction::makeFromBoxedFunction<&scatterKernel<META>>());         \
+    m.impl("npu_scatter_pa_kv_cache_functional",                                                                   \
+           torch::CppFunction::makeFromBoxedFunction<&scatterFunctionalKernel<META>>());                           \
+    m.impl("npu_gather_pa_kv_cache", torch::CppFunction::makeFromBoxedFunction<&gatherKernel<META, false>>());    \
+    m.impl("npu_gather_pa_kv_cache_functional",                                                                    \
+           torch::CppFunction::makeFromBoxedFunction<&gatherKernel<META, true>>());                                \
+  }
+NPU_ATTENTION_KERNELS(PrivateUse1, false)
+NPU_ATTENTION_KERNELS(CPU, false)
+NPU_ATTENTION_KERNELS(Meta, true)
+#undef NPU_ATTENTION_KERNELS
+
+}  // namespace npu::ops
