@@ -259,12 +259,17 @@ class DeviceCache {
     if (block == nullptr) {
       // Graph and user pools keep ordinary segments.
       const bool expand = !uncached && !small && private_pool == nullptr && expandableEnabled();
+      // A segment of its own, from the pool's source (a pluggable allocator's or the device).
+      auto fresh = [&](std::size_t segment_size) -> Block* {
+        auto source = sourceFor(private_pool);
+        void* memory = deviceAllocate(segment_size, source.get(), stream);
+        if (memory == nullptr) return nullptr;
+        return newSegment(static_cast<char*>(memory), segment_size, stream, small, private_pool, context,
+                          std::move(source));
+      };
       auto more = [&]() -> Block* {
         if (expand) return growExpandable(size, stream, for_host, context);
-        const std::size_t segment_size = uncached ? size : segmentSize(size, small);
-        void* memory = deviceAllocate(segment_size, private_pool, stream);
-        if (memory == nullptr) return nullptr;
-        return newSegment(static_cast<char*>(memory), segment_size, stream, small, private_pool, context);
+        return fresh(uncached ? size : segmentSize(size, small));
       };
       if (g_settings.gc_threshold > 0.0) collectGarbage();
       block = more();
@@ -272,15 +277,12 @@ class DeviceCache {
         // Out of device memory: give the cache back (once its work is done), retry.
         stats_.num_alloc_retries++;
         releaseCachedSegments(lock, generalAndFreeablePools());
-        block = takeBestFit(pool, size, stream, for_host);
+        if (!uncached) block = takeBestFit(pool, size, stream, for_host);
         if (block == nullptr) block = more();
       }
       if (block == nullptr && expand && !refused_by_fraction_) {
         // No run of the reservation is long enough (the device may still have room).
-        const std::size_t segment_size = segmentSize(size, small);
-        if (void* memory = deviceAllocate(segment_size, private_pool, stream)) {
-          block = newSegment(static_cast<char*>(memory), segment_size, stream, small, private_pool, context);
-        }
+        block = fresh(segmentSize(size, small));
       }
       if (block == nullptr) {
         stats_.num_ooms++;
@@ -319,9 +321,23 @@ class DeviceCache {
     block->oversize = false;
     trace(TraceEntry::FREE_REQUESTED, reinterpret_cast<std::size_t>(block->ptr), block->size, block->stream,
           poolId(block->pool), context);
+    const bool uncached = block->pool == nullptr && !cachingGeneralPools();
+    if (C10_UNLIKELY(uncached)) {
+      // cudaFree waits for the whole device: the memory goes back once every stream's
+      // work queued before the free has run, not only its own stream's.
+      for (int64_t id = 0;; ++id) {
+        runtime::Stream* other = nullptr;
+        try {
+          other = &rt().stream(id);
+        } catch (const std::out_of_range&) {
+          break;
+        }
+        if (!other->passed(other->position())) recordStream(block, id);  // an idle stream holds nothing
+      }
+    }
     if (block->stream_uses.empty()) {
       returnToPool(block);
-      if (C10_UNLIKELY(block->pool == nullptr && !cachingGeneralPools())) releaseUncachedSegments();
+      if (C10_UNLIKELY(uncached)) releaseUncachedSegments();
       return;
     }
     // Other streams may still read it: reuse only after their work so far ran.
@@ -332,6 +348,7 @@ class DeviceCache {
       block->pending_events++;
     }
     block->stream_uses.clear();
+    if (C10_UNLIKELY(uncached)) releaseUncachedSegments();  // idle streams' events have already passed
   }
 
   // The general pools and those of released private pools: what emptyCache() and
@@ -586,20 +603,19 @@ class DeviceCache {
   }
 
   // The device's memory, within the per-process fraction; nullptr when refused.
-  void* deviceAllocate(std::size_t size, PrivatePool* pool, int64_t stream) {
+  void* deviceAllocate(std::size_t size, const allocator::SegmentSource* source, int64_t stream) {
     const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
     if (allowed_ != kNoLimit && reserved + size > allowed_) {
       refused_by_fraction_ = true;
       return nullptr;
     }
-    if (const allocator::SegmentSource* source = sourceFor(pool)) {
-      return source->alloc(static_cast<ssize_t>(size), device_, &runtimeStream(stream));
-    }
+    if (source != nullptr) return source->alloc(static_cast<ssize_t>(size), device_, &runtimeStream(stream));
     return rt().allocate(size);
   }
 
-  const allocator::SegmentSource* sourceFor(const PrivatePool* pool) const {
-    return pool != nullptr ? pool->source.get() : g_current_source.load(std::memory_order_acquire);
+  // Read once per segment: the segment is freed to the source it came from.
+  static std::shared_ptr<const allocator::SegmentSource> sourceFor(const PrivatePool* pool) {
+    return pool != nullptr ? pool->source : currentSourceShared();
   }
 
   // The general pools cache unless the caching allocator is off or a pluggable allocator
@@ -610,7 +626,8 @@ class DeviceCache {
   }
 
   Block* newSegment(char* memory, std::size_t size, int64_t stream, bool small, PrivatePool* pool,
-                    const std::shared_ptr<c10::GatheredContext>& context) {
+                    const std::shared_ptr<c10::GatheredContext>& context,
+                    std::shared_ptr<const allocator::SegmentSource> source = nullptr) {
     auto* block = new Block(memory, size, stream, small, pool);
     stats_.num_device_alloc++;
     updateStat(stats_.segment, small, 1);
@@ -621,8 +638,6 @@ class DeviceCache {
       pool->segments++;
       pool->reserved += size;
     }
-    std::shared_ptr<const allocator::SegmentSource> source =
-        pool != nullptr ? pool->source : currentSourceShared();
     segments_.emplace(memory, SegmentRecord{std::move(source), size, stream, small, pool,
                                             g_history.record_state ? context : nullptr, oversize});
     trace(TraceEntry::SEGMENT_ALLOC, reinterpret_cast<std::size_t>(memory), size, stream, poolId(pool), context);
@@ -671,16 +686,18 @@ class DeviceCache {
   void releaseUncachedSegments() {
     processPendingEvents();
     for (Pool* pool : {&small_, &large_}) {
-      std::vector<Block*> done;
+      std::vector<Block*> done, expandable;
       for (Block* block : *pool) {
-        if (block->expandable == nullptr && !block->isSplit() && runtimeStream(block->stream).passed(block->free_position)) {
-          done.push_back(block);
-        }
+        if (!runtimeStream(block->stream).passed(block->free_position)) continue;
+        if (block->expandable != nullptr) expandable.push_back(block);  // made while caching was on
+        else if (!block->isSplit()) done.push_back(block);
       }
       for (Block* block : done) {
         pool->erase(block);
         freeSegment(block);
       }
+      for (Block* block : expandable) removeFromPool(block);  // as releaseCachedSegments: out, then unmapped
+      for (Block* block : expandable) unmapFreeBlock(block);
     }
   }
 
@@ -793,7 +810,8 @@ class DeviceCache {
   }
 
   void mergeNeighbour(Block* block, Block* neighbour) {
-    if (neighbour == nullptr || !neighbour->mapped || !neighbour->isFree()) return;
+    // A free neighbour out of its pool is held by a release that waits unlocked: not ours.
+    if (neighbour == nullptr || !neighbour->mapped || !neighbour->isFree() || !inPool(neighbour)) return;
     removeFromPool(neighbour);
     if (neighbour == block->prev) {
       if (block->expandable != nullptr && block->expandable->head == neighbour) block->expandable->head = block;
@@ -1589,6 +1607,8 @@ void setCachingEnabled(bool enabled) {
 bool cachingEnabled() { return g_caching_enabled.load(); }
 
 void setCurrentSource(std::shared_ptr<const SegmentSource> source) {
+  static std::mutex changing;
+  std::lock_guard<std::mutex> lock(changing);
   TORCH_CHECK(source != nullptr && source->alloc != nullptr && source->free != nullptr,
               "torch.npu.memory.change_current_allocator: the allocator has no alloc or free function");
   TORCH_CHECK(!g_allocated_once.load(), "torch.npu.memory.change_current_allocator: the npu allocator has already "
