@@ -158,3 +158,17 @@ def test_ascend_only_optimizers_check_their_arguments():
         torch_npu.optim.NpuFusedBertAdam(p, lr=0.1, schedule="cosine")
     with pytest.raises(ValueError, match="NpuFusedLamb: invalid beta parameter at index 1"):
         torch_npu.optim.NpuFusedLamb(p, betas=(0.9, 1.0))
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: torch_npu.optim.NpuFusedLamb(p, lr=0.1, use_global_grad_norm=True),
+    lambda p: torch_npu.optim.NpuFusedBertAdam(p, lr=0.1, max_grad_norm=1.0)])
+def test_a_nan_gradient_stays_in_its_own_elements(make):
+    # Ascend's checks (norm > 1, coefficient < 1) are false for a NaN norm: no scaling, so
+    # the NaN does not spread to every other gradient and parameter.
+    a = torch.nn.Parameter(torch.ones(4, device="npu"))
+    b = torch.nn.Parameter(torch.ones(4, device="npu"))
+    a.grad = torch.tensor([float("nan"), 0.5, 0.5, 0.5], device="npu")
+    b.grad = torch.full((4,), 0.5, device="npu")
+    make([a, b]).step()
+    assert torch.isfinite(b.detach()).all() and torch.isfinite(b.grad).all()

@@ -78,7 +78,8 @@ class NpuFusedLamb(torch.optim.Optimizer):
             grads = [p.grad for _, params in groups for p in params]
             if grads:
                 norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float())
-                scale = torch.clamp(norm, min=1.0)  # divide only where the norm passes 1
+                # Divide only where the norm passes 1 (a NaN norm divides nothing, as Ascend's check).
+                scale = torch.where(norm > 1, norm, torch.ones_like(norm))
         for group, params in groups:
             if not params:
                 continue
@@ -231,7 +232,8 @@ class NpuFusedBertAdam(torch.optim.Optimizer):
                 grads = [p.grad for p in same_dtype]
                 if self.max_grad_norm > 0:
                     norm = torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads]))
-                    coef = torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0)
+                    coef = self.max_grad_norm / (norm + 1e-6)
+                    coef = torch.where(coef < 1, coef, torch.ones_like(coef))  # NaN: no clipping, as on Ascend
                     torch._foreach_mul_(grads, coef.to(grads[0].dtype))
                 exp_avgs, exp_avg_sqs = _moments(self, same_dtype)
                 _update_moments(exp_avgs, exp_avg_sqs, grads, group["b1"], group["b2"])
