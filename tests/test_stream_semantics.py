@@ -569,6 +569,12 @@ def test_the_ascend_adapters_switch_names_are_ours(run_python):
               "import torch, torch_npu; print(torch.npu.device_count())"], capture_output=True, text=True).stdout.strip())
     """, env={"NPU_EMU_DEVICES": "4", "ASCEND_RT_VISIBLE_DEVICES": "2,3"})
     assert last_line(child) == "2 2"               # a child process is not masked again
+    # A device keeps its uuid whatever index the mask gives it.
+    uuid_of = "import torch, torch_npu; print(*[torch.npu.get_device_properties(i).uuid for i in range({n})])"
+    unmasked = last_line(run_python(uuid_of.format(n=4), env={"NPU_EMU_DEVICES": "4"})).split()
+    masked = last_line(run_python(uuid_of.format(n=2), env={"NPU_EMU_DEVICES": "4",
+                                                         "ASCEND_RT_VISIBLE_DEVICES": "3,1"})).split()
+    assert masked == [unmasked[3], unmasked[1]] and len(set(unmasked)) == 4
     proc = run_python("import torch_npu", env={"ASCEND_LAUNCH_BLOCKING": "1", "NPU_LAUNCH_BLOCKING": "0"},
                       check=False)
     assert proc.returncode != 0 and "disagree" in proc.stderr

@@ -244,7 +244,22 @@ def get_sync_debug_mode() -> int:
     return _C._get_sync_debug_mode()
 
 
+def _physical_index(index: int) -> int:
+    """The emulated device behind npu:index, through ASCEND_RT_VISIBLE_DEVICES' mask."""
+    import os
+
+    from .. import _ascend_env
+
+    mask, physical = os.environ.get("ASCEND_RT_VISIBLE_DEVICES"), os.environ.get(_ascend_env._PHYSICAL, "")
+    if mask is not None and physical.strip().isdigit():
+        visible = _ascend_env._visible_devices(mask, int(physical))
+        if index < len(visible):
+            return visible[index]
+    return index
+
+
 def _device_uuid(index: int, name: str) -> _uuid.UUID:
+    index = _physical_index(index)  # the same device has one uuid in every process, masked or not
     try:
         with open("/etc/machine-id", encoding="ascii") as f:
             machine = f.read().strip()
