@@ -42,6 +42,7 @@ def rotate_pairs(x):
 # query, key, cos shapes per layout: Qwen-like 4 query heads over 2 key heads.
 LAYOUT_SHAPES = {
     "BSND": ((2, 5, 4, 128), (2, 5, 2, 128), (2, 5, 1, 128)),
+    "BSH": ((2, 5, 4, 128), (2, 5, 2, 128), (2, 5, 1, 128)),  # the default: BSND on Ascend too
     "SBND": ((5, 2, 4, 64), (5, 2, 2, 64), (5, 2, 1, 64)),
     "BNSD": ((2, 4, 5, 64), (2, 2, 5, 64), (2, 1, 5, 64)),
     "TND": ((7, 4, 128), (7, 2, 128), (7, 1, 128)),
@@ -133,8 +134,8 @@ def test_apply_rotary_pos_emb_errors():
         apply(q.double(), k.double(), cos.double(), sin.double())
     with pytest.raises(RuntimeError, match="cos and sin must have query's shape .* with N = 1"):
         apply(q, k, torch.randn(1, 2, 2, 64, device="npu"), torch.randn(1, 2, 2, 64, device="npu"))
-    with pytest.raises(ValueError, match="layout must be 'BSND', 'SBND', 'BNSD' or 'TND', got 'BSH'"):
-        apply(q, k, cos, sin, "BSH")
+    with pytest.raises(ValueError, match="layout must be 'BSH' \\(= 'BSND'\\), 'BSND', 'SBND', 'BNSD' or 'TND', got 'NSD'"):
+        apply(q, k, cos, sin, "NSD")
     with pytest.raises(RuntimeError, match="with layout 'TND' query must have 3 dimensions"):
         apply(q, k, cos, sin, "TND")
     with pytest.raises(NotImplementedError, match="'quarter'.*use 'half' or 'interleave'"):
@@ -602,3 +603,11 @@ def test_top_k_top_p_and_transpose_batchmatmul_gradients():
         split.backward(grad.reshape(5, 4, 16).transpose(0, 1).to(device))
         close(a2.grad, ref1.grad, torch.float32)
         close(b2.grad, ref2.grad, torch.float32)
+
+
+def test_apply_rotary_pos_emb_defaults_to_ascends_bsh():
+    q, k = torch.randn(1, 3, 2, 64), torch.randn(1, 3, 1, 64)
+    cos, sin = torch.randn(1, 3, 1, 64), torch.randn(1, 3, 1, 64)
+    qd, kd = torch_npu.npu_apply_rotary_pos_emb(q.npu(), k.npu(), cos.npu(), sin.npu())
+    close(qd, apply_rotary_ref(q, cos, sin, "half"), torch.float32)
+    assert 'str layout="BSH"' in str(torch.ops.npu.npu_apply_rotary_pos_emb.default._schema)

@@ -135,7 +135,7 @@ torch.library.register_autograd("npu::npu_transpose_batchmatmul_core", _transpos
 
 # ---- the public names ---------------------------------------------------------------------------
 
-def npu_apply_rotary_pos_emb(query, key, cos, sin, layout="BSND", rotary_mode="half"):
+def npu_apply_rotary_pos_emb(query, key, cos, sin, layout="BSH", rotary_mode="half"):
     """Rotary embedding of ``query`` and ``key`` **in place**: ``x = x * cos + rotate(x) * sin`` with
     ``rotate`` by halves ("half") or by neighbouring pairs ("interleave"); returns ``(query, key)``.
     ``layout`` "BSND", "SBND", "BNSD" (4-D) or "TND" (3-D); cos/sin are query's shape with N = 1."""

@@ -456,10 +456,12 @@ struct TableRows {
 
 // The index of the heads dimension (N) in each layout.
 int64_t headsDim(const char* op, std::string_view layout) {
-  if (layout == "BSND" || layout == "SBND") return 2;
+  // "BSH" is the schema's default and, on Ascend, the same 4-D layout as "BSND".
+  if (layout == "BSND" || layout == "BSH" || layout == "SBND") return 2;
   if (layout == "BNSD") return 1;
   if (layout == "TND") return 1;
-  TORCH_CHECK_VALUE(false, "npu::", op, ": layout must be 'BSND', 'SBND', 'BNSD' or 'TND', got '", layout, "'");
+  TORCH_CHECK_VALUE(false, "npu::", op, ": layout must be 'BSH' (= 'BSND'), 'BSND', 'SBND', 'BNSD' or 'TND', got '",
+                    layout, "'");
 }
 
 void checkApplyRotary(const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin,
@@ -1253,7 +1255,7 @@ at::Tensor transposeBatchMatmulPublic(const at::Tensor& input, const at::Tensor&
 
 TORCH_LIBRARY_FRAGMENT(npu, m) {
   // Updates query and key in place and returns them (the Ascend op's contract).
-  m.def("npu_apply_rotary_pos_emb(Tensor(a!) query, Tensor(b!) key, Tensor cos, Tensor sin, str layout='BSND', "
+  m.def("npu_apply_rotary_pos_emb(Tensor(a!) query, Tensor(b!) key, Tensor cos, Tensor sin, str layout='BSH', "
         "str rotary_mode='half') -> (Tensor(a!), Tensor(b!))");
   // Its kernel: a mutation without results, which torch.compile functionalizes.
   m.def("npu_apply_rotary_pos_emb_inplace(Tensor(a!) query, Tensor(b!) key, Tensor cos, Tensor sin, str layout, "
