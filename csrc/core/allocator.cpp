@@ -21,6 +21,7 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
+#include <c10/util/flat_hash_map.h>
 
 #include "device.h"
 #include "stream.h"
@@ -1372,7 +1373,8 @@ class NPUCachingAllocator final : public c10::DeviceAllocator {
 
   std::mutex mutex_;
   std::vector<std::unique_ptr<DeviceCache>> devices_;
-  std::unordered_map<void*, std::pair<Block*, c10::DeviceIndex>> allocated_;
+  // Open addressing: an allocation and a free touch no heap memory here.
+  ska::flat_hash_map<void*, std::pair<Block*, c10::DeviceIndex>> allocated_;
   std::unordered_map<void*, c10::DataPtr> raw_;  // caching_allocator_alloc's
   std::vector<allocator::OutOfMemoryObserver> oom_observers_;
 };

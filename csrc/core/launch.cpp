@@ -60,7 +60,7 @@ void launch(c10::DeviceIndex device, const char* name, runtime::Kernel kernel, s
 }
 
 bool runIfIdle(c10::DeviceIndex device, const char* name, runtime::KernelRef kernel, std::size_t bytes) {
-  if (C10_UNLIKELY(graph::currentStreamCapturing(device))) return false;   // launch() records it
+  if (C10_UNLIKELY(graph::anyCapture())) return false;   // launch() records it, or refuses it
   auto& stream = currentRuntimeStream(device);
   auto below_autograd = [&kernel] {
     at::AutoDispatchBelowADInplaceOrView guard;

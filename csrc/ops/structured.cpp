@@ -1,82 +1,56 @@
 // Asynchronous fast paths for the hottest functional ops. PyTorch's structured
-// ops export their meta step (at::meta::structured_<op>): run on the npu
-// tensors themselves it yields broadcasting, type promotion and the output's
-// shape and strides, and calls set_output_* where we allocate npu memory. The
-// CPU out= kernel then runs on the stream, asynchronously, on aliases of that
-// memory. Anything unusual (a dtype the npu lacks, an op policy, a cpu tensor
-// that is not a scalar) goes to the op library's generic kernel instead.
+// CPU kernels are classes (at::native::structured_<op>_out...) whose meta step
+// (broadcasting, type promotion, the output's shape and strides) and impl step
+// (the computation) are separate calls. Here the meta step runs once, at the
+// call, on CPU aliases of the npu arguments, and its set_output_* allocates the
+// output in npu memory; the impl step then runs on that same state: at once on
+// this thread when the stream is idle, else queued on the stream. That is the
+// cpu's own functional path plus an alias per tensor, with no second meta step.
+// Anything unusual (a dtype the npu lacks, an op policy, a cpu tensor that is
+// not a scalar) goes to the op library's generic kernel instead.
 #include <ATen/EmptyTensor.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
-#include <ATen/ops/_log_softmax_cpu_dispatch.h>
-#include <ATen/ops/_log_softmax_meta.h>
-#include <ATen/ops/_softmax_cpu_dispatch.h>
-#include <ATen/ops/_softmax_meta.h>
-#include <ATen/ops/add_cpu_dispatch.h>
-#include <ATen/ops/add_meta.h>
-#include <ATen/ops/addcdiv_cpu_dispatch.h>
-#include <ATen/ops/addcdiv_meta.h>
-#include <ATen/ops/addcmul_cpu_dispatch.h>
-#include <ATen/ops/addcmul_meta.h>
-#include <ATen/ops/addmm_cpu_dispatch.h>
-#include <ATen/ops/addmm_meta.h>
-#include <ATen/ops/bmm_cpu_dispatch.h>
-#include <ATen/ops/bmm_meta.h>
-#include <ATen/ops/clamp_min_cpu_dispatch.h>
-#include <ATen/ops/clamp_min_meta.h>
-#include <ATen/ops/div_cpu_dispatch.h>
-#include <ATen/ops/div_meta.h>
-#include <ATen/ops/eq_cpu_dispatch.h>
-#include <ATen/ops/eq_meta.h>
-#include <ATen/ops/exp_cpu_dispatch.h>
-#include <ATen/ops/exp_meta.h>
-#include <ATen/ops/gelu_cpu_dispatch.h>
-#include <ATen/ops/gelu_meta.h>
-#include <ATen/ops/gt_cpu_dispatch.h>
-#include <ATen/ops/gt_meta.h>
-#include <ATen/ops/log_cpu_dispatch.h>
-#include <ATen/ops/log_meta.h>
-#include <ATen/ops/lt_cpu_dispatch.h>
-#include <ATen/ops/lt_meta.h>
-#include <ATen/ops/maximum_cpu_dispatch.h>
-#include <ATen/ops/maximum_meta.h>
-#include <ATen/ops/mean_cpu_dispatch.h>
-#include <ATen/ops/mean_meta.h>
-#include <ATen/ops/minimum_cpu_dispatch.h>
-#include <ATen/ops/minimum_meta.h>
-#include <ATen/ops/mm_cpu_dispatch.h>
-#include <ATen/ops/mm_meta.h>
-#include <ATen/ops/mul_cpu_dispatch.h>
-#include <ATen/ops/mul_meta.h>
-#include <ATen/ops/ne_cpu_dispatch.h>
-#include <ATen/ops/ne_meta.h>
-#include <ATen/ops/neg_cpu_dispatch.h>
-#include <ATen/ops/neg_meta.h>
-#include <ATen/ops/pow_cpu_dispatch.h>
-#include <ATen/ops/pow_meta.h>
-#include <ATen/ops/rsqrt_cpu_dispatch.h>
-#include <ATen/ops/rsqrt_meta.h>
-#include <ATen/ops/sigmoid_cpu_dispatch.h>
-#include <ATen/ops/sigmoid_meta.h>
-#include <ATen/ops/silu_cpu_dispatch.h>
-#include <ATen/ops/silu_meta.h>
-#include <ATen/ops/sqrt_cpu_dispatch.h>
-#include <ATen/ops/sqrt_meta.h>
-#include <ATen/ops/sub_cpu_dispatch.h>
-#include <ATen/ops/sub_meta.h>
-#include <ATen/ops/sum_cpu_dispatch.h>
-#include <ATen/ops/sum_meta.h>
-#include <ATen/ops/tanh_cpu_dispatch.h>
-#include <ATen/ops/tanh_meta.h>
-#include <ATen/ops/threshold_cpu_dispatch.h>
-#include <ATen/ops/threshold_meta.h>
+#include <ATen/ops/_log_softmax_native.h>
+#include <ATen/ops/_softmax_native.h>
+#include <ATen/ops/add_native.h>
+#include <ATen/ops/addcdiv_native.h>
+#include <ATen/ops/addcmul_native.h>
+#include <ATen/ops/addmm_native.h>
+#include <ATen/ops/bmm_native.h>
+#include <ATen/ops/clamp_min_native.h>
+#include <ATen/ops/div_native.h>
+#include <ATen/ops/eq_native.h>
+#include <ATen/ops/exp_native.h>
+#include <ATen/ops/gelu_native.h>
+#include <ATen/ops/gt_native.h>
+#include <ATen/ops/log_native.h>
+#include <ATen/ops/lt_native.h>
+#include <ATen/ops/maximum_native.h>
+#include <ATen/ops/mean_native.h>
+#include <ATen/ops/minimum_native.h>
+#include <ATen/ops/mm_native.h>
+#include <ATen/ops/mul_native.h>
+#include <ATen/ops/ne_native.h>
+#include <ATen/ops/neg_native.h>
+#include <ATen/ops/pow_native.h>
+#include <ATen/ops/rsqrt_native.h>
+#include <ATen/ops/sigmoid_native.h>
+#include <ATen/ops/silu_native.h>
+#include <ATen/ops/sqrt_native.h>
+#include <ATen/ops/sub_native.h>
+#include <ATen/ops/sum_native.h>
+#include <ATen/ops/tanh_native.h>
+#include <ATen/ops/threshold_native.h>
 
-#include <array>
+#include <cstring>
+#include <memory>
 #include <optional>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "../core/allocator.h"
@@ -105,9 +79,19 @@ template <>
 struct Capture<const at::Tensor&> {
   using type = at::Tensor;
   static type make(const at::Tensor& t, std::size_t& bytes) {
-    if (t.device().type() != kNPU) return t.clone();  // a cpu scalar
+    if (t.device().type() != kNPU) return copyOfScalar(t);
     bytes += bytesOf(t);
     return cpuAlias(t);
+  }
+  // A 0-dim cpu tensor (a wrapped Python number, mostly): the kernel may run
+  // later, so it gets its own copy of the value, made without the dispatcher.
+  static at::Tensor copyOfScalar(const at::Tensor& t) {
+    if (!t.defined() || t.is_conj() || t.is_neg() || t.dim() != 0) return t.defined() ? t.clone() : t;
+    at::Tensor copy = at::detail::empty_cpu({}, t.scalar_type(), std::nullopt, std::nullopt, std::nullopt,
+                                            std::nullopt);
+    std::memcpy(copy.mutable_data_ptr(), t.const_data_ptr(), t.itemsize());
+    copy.unsafeGetTensorImpl()->set_wrapped_number(t.unsafeGetTensorImpl()->is_wrapped_number());
+    return copy;
   }
   static const at::Tensor& use(const at::Tensor& t) { return t; }
 };
@@ -155,39 +139,59 @@ struct FastPathCheck {
   void operator()(const T& /*other*/) {}
 };
 
-// The meta step with npu outputs.
-template <class Meta>
-struct NpuOutputs final : public Meta {
-  std::array<at::Tensor, 1> outputs;
-
-  const at::Tensor& maybe_get_output(int64_t index) override { return outputs[index]; }
-  void set_output_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
-                          c10::TensorOptions options) override {
-    allocate(index, sizes, strides, options);
-  }
-  void set_output_raw_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
-                              c10::TensorOptions options) override {
-    allocate(index, sizes, strides, options);
-  }
-
- private:
-  void allocate(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::TensorOptions options) {
-    const auto dtype = c10::typeMetaToScalarType(options.dtype());
-    // An empty strides argument means contiguous.
-    outputs[index] = strides.empty()
-                         ? at::detail::empty_generic(sizes, npuAllocator(), kNPUKeys, dtype, std::nullopt)
-                         : at::detail::empty_strided_generic(sizes, strides, npuAllocator(), kNPUKeys, dtype);
-    if constexpr (std::is_base_of_v<at::TensorIteratorBase, Meta>) {
-      Meta::set_output_raw_strided(index, sizes, strides, options);
-    }
-  }
-};
-
-template <class Op, class MetaFn = decltype(&Op::Meta::meta)>
+template <class Op, class MetaFn = decltype(&Op::Impl::meta)>
 struct StructuredKernel;
 
 template <class Op, class M, class... Args>
 struct StructuredKernel<Op, void (M::*)(Args...)> {
+  using Impl = typename Op::Impl;
+
+  // One call of the op: the CPU kernel's structured class over CPU aliases of
+  // the arguments (owned here, so a queued impl step finds them), with its
+  // output in npu memory. Lives on the heap: TensorIterator borrows `args`.
+  struct Call final : public Impl {
+    std::tuple<typename Capture<Args>::type...> args;
+    at::Tensor out;        // the npu result, until run() takes it
+    at::Tensor out_alias;  // its CPU alias, which the CPU kernel writes
+
+    template <class Tuple>
+    explicit Call(Tuple&& captured) : args(std::forward<Tuple>(captured)) {}
+
+    void runMeta() { runMeta(std::index_sequence_for<Args...>()); }
+    void runImpl() { runImpl(std::index_sequence_for<Args...>()); }
+
+    const at::Tensor& maybe_get_output(int64_t /*index*/) override { return out_alias; }
+    void set_output_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                            c10::TensorOptions options) override {
+      allocate(index, sizes, strides, options);
+    }
+    void set_output_raw_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                                c10::TensorOptions options) override {
+      allocate(index, sizes, strides, options);
+    }
+
+   private:
+    template <std::size_t... I>
+    void runMeta(std::index_sequence<I...>) {
+      this->Impl::meta(Capture<Args>::use(std::get<I>(args))...);
+    }
+    template <std::size_t... I>
+    void runImpl(std::index_sequence<I...>) {
+      this->Impl::impl(Capture<Args>::use(std::get<I>(args))..., out_alias);
+    }
+    void allocate(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::TensorOptions options) {
+      TORCH_INTERNAL_ASSERT(index == 0, Op::name, ": the npu fast path has one output");
+      const auto dtype = c10::typeMetaToScalarType(options.dtype());
+      // An empty strides argument means contiguous.
+      out = strides.empty() ? at::detail::empty_generic(sizes, npuAllocator(), kNPUKeys, dtype, std::nullopt)
+                            : at::detail::empty_strided_generic(sizes, strides, npuAllocator(), kNPUKeys, dtype);
+      out_alias = cpuAlias(out);
+      if constexpr (std::is_base_of_v<at::TensorIteratorBase, Impl>) {
+        Impl::set_output_raw_strided(index, sizes, strides, options);  // borrows out_alias
+      }
+    }
+  };
+
   static at::Tensor run(Args... args) {
     static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload);
     static NativeKernel generic(Op::dtypes());
@@ -209,80 +213,77 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
       return run_generic();
     }
     c10::DeviceGuard guard(*check.device);
-    NpuOutputs<typename Op::Meta> meta;
-    meta.meta(args...);
-    at::Tensor out = meta.outputs[0];
+    std::size_t bytes = 0;
+    auto call = std::make_shared<Call>(std::make_tuple(Capture<Args>::make(args, bytes)...));
+    call->runMeta();
+    at::Tensor out = std::move(call->out);  // the caller's: a queued kernel never owns it (core/launch.h)
     // Promotion to a dtype the npu lacks (a Python complex): the generic kernel refuses it.
     // 16-bit matrix products: the generic kernel computes them as the chip's matrix unit does (ops/chip.h).
     const bool low_precision = out.scalar_type() == c10::kHalf || out.scalar_type() == c10::kBFloat16;
     if (!generic.accepts(out.scalar_type()) || (low_precision && isCubeOp(op))) return run_generic();
+    bytes += bytesOf(out);
     std::optional<runtime::tracing::Projection> projection;  // for the profiler: this kernel's time on the chip
     if (C10_UNLIKELY(runtime::tracing::enabled())) {
       torch::jit::Stack stack;
       torch::jit::push(stack, args...);
       projection.emplace(profile::projectedKernelNs(op, stack));
     }
-    std::size_t bytes = bytesOf(out);
-    auto captured = std::make_tuple(Capture<Args>::make(args, bytes)...);
-    launch(check.device->index(), Op::name,
-           [out_alias = cpuAlias(out), captured = std::move(captured)]() mutable {
-             std::apply([&](auto&... c) { Op::out(out_alias, Capture<Args>::use(c)...); }, captured);
-           },
-           bytes);
+    // An idle stream runs the impl step here and now, as the cpu would; else it
+    // queues behind the stream's work. (A capture records it: launch().)
+    const auto index = check.device->index();
+    if (!runIfIdle(index, Op::name, [&call] { call->runImpl(); }, bytes)) {
+      launch(index, Op::name, [call] { call->runImpl(); }, bytes);
+    }
     return out;
   }
 };
 
-#define NPU_STRUCTURED(Tag, OpName, Overload, MetaClass, CpuOut, Dtypes) \
-  struct Tag {                                                          \
-    using Meta = at::meta::MetaClass;                                   \
-    static constexpr const char* name = OpName;                         \
-    static constexpr const char* overload = Overload;                   \
-    static DtypeSet dtypes() { return Dtypes; }                         \
-    template <class... A>                                               \
-    static void out(at::Tensor& o, A&&... a) {                          \
-      at::cpu::CpuOut(o, std::forward<A>(a)...);                         \
-    }                                                                   \
+#define NPU_STRUCTURED(Tag, OpName, Overload, ImplClass, Dtypes) \
+  struct Tag {                                                     \
+    using Impl = at::native::ImplClass;                            \
+    static constexpr const char* name = OpName;                    \
+    static constexpr const char* overload = Overload;              \
+    static DtypeSet dtypes() { return Dtypes; }                    \
   };
 
 #define ALL (floatingTypes() | integralTypes())
 #define FLOATING floatingTypes()
-NPU_STRUCTURED(AddTensor, "aten::add", "Tensor", structured_add_Tensor, add_out, ALL)
-NPU_STRUCTURED(SubTensor, "aten::sub", "Tensor", structured_sub_Tensor, sub_out, ALL)
-NPU_STRUCTURED(MulTensor, "aten::mul", "Tensor", structured_mul_Tensor, mul_out, ALL)
-NPU_STRUCTURED(DivTensor, "aten::div", "Tensor", structured_div_Tensor, div_out, ALL)
-NPU_STRUCTURED(Maximum, "aten::maximum", "", structured_maximum, maximum_out, ALL)
-NPU_STRUCTURED(Minimum, "aten::minimum", "", structured_minimum, minimum_out, ALL)
-NPU_STRUCTURED(EqTensor, "aten::eq", "Tensor", structured_eq_Tensor, eq_out, ALL)
-NPU_STRUCTURED(EqScalar, "aten::eq", "Scalar", structured_eq_Scalar, eq_out, ALL)
-NPU_STRUCTURED(NeTensor, "aten::ne", "Tensor", structured_ne_Tensor, ne_out, ALL)
-NPU_STRUCTURED(NeScalar, "aten::ne", "Scalar", structured_ne_Scalar, ne_out, ALL)
-NPU_STRUCTURED(LtTensor, "aten::lt", "Tensor", structured_lt_Tensor, lt_out, ALL)
-NPU_STRUCTURED(LtScalar, "aten::lt", "Scalar", structured_lt_Scalar, lt_out, ALL)
-NPU_STRUCTURED(GtTensor, "aten::gt", "Tensor", structured_gt_Tensor, gt_out, ALL)
-NPU_STRUCTURED(GtScalar, "aten::gt", "Scalar", structured_gt_Scalar, gt_out, ALL)
-NPU_STRUCTURED(PowTensorScalar, "aten::pow", "Tensor_Scalar", structured_pow_Tensor_Scalar, pow_out, ALL)
-NPU_STRUCTURED(PowTensorTensor, "aten::pow", "Tensor_Tensor", structured_pow_Tensor_Tensor, pow_out, ALL)
-NPU_STRUCTURED(Neg, "aten::neg", "", structured_neg, neg_out, ALL)
-NPU_STRUCTURED(ClampMin, "aten::clamp_min", "", structured_clamp_min, clamp_min_out, ALL)
-NPU_STRUCTURED(Threshold, "aten::threshold", "", structured_threshold, threshold_out, ALL)
-NPU_STRUCTURED(Exp, "aten::exp", "", structured_exp, exp_out, FLOATING)
-NPU_STRUCTURED(Log, "aten::log", "", structured_log, log_out, FLOATING)
-NPU_STRUCTURED(Sqrt, "aten::sqrt", "", structured_sqrt, sqrt_out, FLOATING)
-NPU_STRUCTURED(Rsqrt, "aten::rsqrt", "", structured_rsqrt, rsqrt_out, FLOATING)
-NPU_STRUCTURED(Tanh, "aten::tanh", "", structured_tanh, tanh_out, FLOATING)
-NPU_STRUCTURED(Sigmoid, "aten::sigmoid", "", structured_sigmoid, sigmoid_out, FLOATING)
-NPU_STRUCTURED(Gelu, "aten::gelu", "", structured_gelu, gelu_out, FLOATING)
-NPU_STRUCTURED(Silu, "aten::silu", "", structured_silu, silu_out, FLOATING)
-NPU_STRUCTURED(Addcmul, "aten::addcmul", "", structured_addcmul, addcmul_out, FLOATING)
-NPU_STRUCTURED(Addcdiv, "aten::addcdiv", "", structured_addcdiv, addcdiv_out, FLOATING)
-NPU_STRUCTURED(SumDim, "aten::sum", "dim_IntList", structured_sum_dim_IntList, sum_out, ALL)
-NPU_STRUCTURED(MeanDim, "aten::mean", "dim", structured_mean_dim, mean_out, FLOATING)
-NPU_STRUCTURED(Mm, "aten::mm", "", structured_mm, mm_out, FLOATING)
-NPU_STRUCTURED(Bmm, "aten::bmm", "", structured_bmm, bmm_out, FLOATING)
-NPU_STRUCTURED(Addmm, "aten::addmm", "", structured_addmm, addmm_out, FLOATING)
-NPU_STRUCTURED(Softmax, "aten::_softmax", "", structured__softmax, _softmax_out, FLOATING)
-NPU_STRUCTURED(LogSoftmax, "aten::_log_softmax", "", structured__log_softmax, _log_softmax_out, FLOATING)
+NPU_STRUCTURED(AddTensor, "aten::add", "Tensor", structured_ufunc_add_CPU, ALL)
+NPU_STRUCTURED(SubTensor, "aten::sub", "Tensor", structured_sub_out, ALL)
+NPU_STRUCTURED(MulTensor, "aten::mul", "Tensor", structured_mul_out, ALL)
+NPU_STRUCTURED(DivTensor, "aten::div", "Tensor", structured_div_out, ALL)
+NPU_STRUCTURED(Maximum, "aten::maximum", "", structured_maximum_out, ALL)
+NPU_STRUCTURED(Minimum, "aten::minimum", "", structured_minimum_out, ALL)
+NPU_STRUCTURED(EqTensor, "aten::eq", "Tensor", structured_eq_Tensor_out, ALL)
+NPU_STRUCTURED(EqScalar, "aten::eq", "Scalar", structured_eq_Scalar_out, ALL)
+NPU_STRUCTURED(NeTensor, "aten::ne", "Tensor", structured_ne_Tensor_out, ALL)
+NPU_STRUCTURED(NeScalar, "aten::ne", "Scalar", structured_ne_Scalar_out, ALL)
+NPU_STRUCTURED(LtTensor, "aten::lt", "Tensor", structured_lt_Tensor_out, ALL)
+NPU_STRUCTURED(LtScalar, "aten::lt", "Scalar", structured_lt_Scalar_out, ALL)
+NPU_STRUCTURED(GtTensor, "aten::gt", "Tensor", structured_gt_Tensor_out, ALL)
+NPU_STRUCTURED(GtScalar, "aten::gt", "Scalar", structured_gt_Scalar_out, ALL)
+NPU_STRUCTURED(PowTensorScalar, "aten::pow", "Tensor_Scalar", structured_pow_Tensor_Scalar_out, ALL)
+NPU_STRUCTURED(PowTensorTensor, "aten::pow", "Tensor_Tensor", structured_pow_Tensor_Tensor_out, ALL)
+NPU_STRUCTURED(Neg, "aten::neg", "", structured_neg_out, ALL)
+NPU_STRUCTURED(ClampMin, "aten::clamp_min", "", structured_clamp_min_out, ALL)
+NPU_STRUCTURED(Threshold, "aten::threshold", "", structured_threshold_out, ALL)
+NPU_STRUCTURED(Exp, "aten::exp", "", structured_exp_out, FLOATING)
+NPU_STRUCTURED(Log, "aten::log", "", structured_log_out, FLOATING)
+NPU_STRUCTURED(Sqrt, "aten::sqrt", "", structured_sqrt_out, FLOATING)
+NPU_STRUCTURED(Rsqrt, "aten::rsqrt", "", structured_rsqrt_out, FLOATING)
+NPU_STRUCTURED(Tanh, "aten::tanh", "", structured_tanh_out, FLOATING)
+NPU_STRUCTURED(Sigmoid, "aten::sigmoid", "", structured_sigmoid_out, FLOATING)
+NPU_STRUCTURED(Gelu, "aten::gelu", "", structured_gelu_out_cpu, FLOATING)
+NPU_STRUCTURED(Silu, "aten::silu", "", structured_silu_out, FLOATING)
+NPU_STRUCTURED(Addcmul, "aten::addcmul", "", structured_addcmul_out, FLOATING)
+NPU_STRUCTURED(Addcdiv, "aten::addcdiv", "", structured_addcdiv_out, FLOATING)
+NPU_STRUCTURED(SumDim, "aten::sum", "dim_IntList", structured_sum_out, ALL)
+NPU_STRUCTURED(MeanDim, "aten::mean", "dim", structured_mean_out, FLOATING)
+NPU_STRUCTURED(Mm, "aten::mm", "", structured_mm_out_cpu, FLOATING)
+NPU_STRUCTURED(Bmm, "aten::bmm", "", structured_bmm_out_cpu, FLOATING)
+NPU_STRUCTURED(Addmm, "aten::addmm", "", structured_addmm_out_cpu, FLOATING)
+NPU_STRUCTURED(Softmax, "aten::_softmax", "", structured_softmax_cpu_out, FLOATING)
+NPU_STRUCTURED(LogSoftmax, "aten::_log_softmax", "", structured_log_softmax_cpu_out, FLOATING)
 #undef ALL
 #undef FLOATING
 
