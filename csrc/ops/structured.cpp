@@ -21,6 +21,7 @@
 #include <ATen/ops/addcmul_native.h>
 #include <ATen/ops/addmm_native.h>
 #include <ATen/ops/bmm_native.h>
+#include <ATen/ops/cat_native.h>
 #include <ATen/ops/clamp_min_native.h>
 #include <ATen/ops/div_native.h>
 #include <ATen/ops/eq_native.h>
@@ -139,6 +140,15 @@ struct FastPathCheck {
   void operator()(const T& /*other*/) {}
 };
 
+// A structured kernel's output, in npu memory: empty strides mean the options'
+// memory format (contiguous unless the meta step says otherwise).
+at::Tensor npuOutput(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::TensorOptions options) {
+  const auto dtype = c10::typeMetaToScalarType(options.dtype());
+  return strides.empty()
+             ? at::detail::empty_generic(sizes, npuAllocator(), kNPUKeys, dtype, options.memory_format_opt())
+             : at::detail::empty_strided_generic(sizes, strides, npuAllocator(), kNPUKeys, dtype);
+}
+
 template <class Op, class MetaFn = decltype(&Op::Impl::meta)>
 struct StructuredKernel;
 
@@ -181,10 +191,7 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
     }
     void allocate(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::TensorOptions options) {
       TORCH_INTERNAL_ASSERT(index == 0, Op::name, ": the npu fast path has one output");
-      const auto dtype = c10::typeMetaToScalarType(options.dtype());
-      // An empty strides argument means contiguous.
-      out = strides.empty() ? at::detail::empty_generic(sizes, npuAllocator(), kNPUKeys, dtype, std::nullopt)
-                            : at::detail::empty_strided_generic(sizes, strides, npuAllocator(), kNPUKeys, dtype);
+      out = npuOutput(sizes, strides, options);
       out_alias = cpuAlias(out);
       if constexpr (std::is_base_of_v<at::TensorIteratorBase, Impl>) {
         Impl::set_output_raw_strided(index, sizes, strides, options);  // borrows out_alias
@@ -237,6 +244,83 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
     return out;
   }
 };
+
+// cat: structured too, but its meta step returns what the impl step needs
+// (the precompute), and it takes a list of tensors.
+struct CatCall final : public at::native::structured_cat_out_cpu {
+  std::vector<at::Tensor> inputs;  // CPU aliases
+  at::Tensor out;                  // the npu result, until catKernel() takes it
+  at::Tensor out_alias;
+  meta_return_ty precompute;
+
+  const at::Tensor& maybe_get_output(int64_t /*index*/) override { return out_alias; }
+  void set_output_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                          c10::TensorOptions options) override {
+    allocate(index, sizes, strides, options);
+  }
+  void set_output_raw_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                              c10::TensorOptions options) override {
+    allocate(index, sizes, strides, options);
+  }
+  void runImpl() {
+    impl(at::ITensorListRef(inputs), precompute.dim, precompute.valid, precompute.all_contiguous,
+         precompute.all_same_dtype, precompute.all_same_sizes_and_stride, precompute.memory_format, out_alias);
+  }
+
+ private:
+  void allocate(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::TensorOptions options) {
+    TORCH_INTERNAL_ASSERT(index == 0, "aten::cat: the npu fast path has one output");
+    out = npuOutput(sizes, strides, options);
+    out_alias = cpuAlias(out);
+  }
+};
+
+at::Tensor catKernel(const at::ITensorListRef& tensors, int64_t dim) {
+  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::cat", "");
+  static NativeKernel generic(floatingTypes() | integralTypes());
+  auto& policy = dispatch::FallbackPolicy::instance();
+  auto run_generic = [&] {
+    torch::jit::Stack stack;
+    torch::jit::push(stack, std::vector<at::Tensor>(tensors.begin(), tensors.end()), dim);
+    generic(op, kNPUKeys, &stack);
+    return std::move(stack.back()).toTensor();
+  };
+  const auto& chip = profile::active();
+  static const bool on_chip = profile::runsNatively(chip, op);
+  FastPathCheck check{generic};
+  bool npu_only = true;
+  for (const at::Tensor& t : tensors) {
+    check(t);
+    npu_only = npu_only && t.defined() && t.device().type() == kNPU;
+  }
+  if (!npu_only || !check.ok || !check.device || policy.retryOnKernelError() || !on_chip || !chip.bfloat16 ||
+      !chip.inf_nan || (policy.hasOpPolicies() && policy.opPolicy("aten::cat") != dispatch::OpPolicy::Default)) {
+    return run_generic();
+  }
+  c10::DeviceGuard guard(*check.device);
+  auto call = std::make_shared<CatCall>();
+  std::size_t bytes = 0;
+  call->inputs.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) {
+    bytes += bytesOf(t);
+    call->inputs.push_back(cpuAlias(t));
+  }
+  call->precompute = call->meta(at::ITensorListRef(call->inputs), dim);
+  at::Tensor out = std::move(call->out);  // the caller's: a queued kernel never owns it (core/launch.h)
+  if (!generic.accepts(out.scalar_type())) return run_generic();
+  bytes += bytesOf(out);
+  std::optional<runtime::tracing::Projection> projection;
+  if (C10_UNLIKELY(runtime::tracing::enabled())) {
+    torch::jit::Stack stack;
+    torch::jit::push(stack, std::vector<at::Tensor>(tensors.begin(), tensors.end()), dim);
+    projection.emplace(profile::projectedKernelNs(op, stack));
+  }
+  const auto index = check.device->index();
+  if (!runIfIdle(index, "aten::cat", [&call] { call->runImpl(); }, bytes)) {
+    launch(index, "aten::cat", [call] { call->runImpl(); }, bytes);
+  }
+  return out;
+}
 
 #define NPU_STRUCTURED(Tag, OpName, Overload, ImplClass, Dtypes) \
   struct Tag {                                                     \
@@ -333,6 +417,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   registerStructured<Addmm>(m);
   registerStructured<Softmax>(m);
   registerStructured<LogSoftmax>(m);
+  m.impl("cat", TORCH_FN(catKernel));
+  profile::governByChipList(c10::OperatorName("aten::cat", ""));
 }
 
 }  // namespace npu::ops
