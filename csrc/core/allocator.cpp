@@ -91,10 +91,16 @@ constexpr int kAllPools = static_cast<int>(c10::CachingAllocator::StatType::AGGR
 constexpr int kSmallPool = static_cast<int>(c10::CachingAllocator::StatType::SMALL_POOL);
 constexpr int kLargePool = static_cast<int>(c10::CachingAllocator::StatType::LARGE_POOL);
 
-void updateStat(StatArray& stat, bool small, int64_t delta) {
-  for (int index : {kAllPools, small ? kSmallPool : kLargePool}) {
-    if (delta > 0) stat[index].increase(static_cast<std::size_t>(delta));
-    else stat[index].decrease(static_cast<std::size_t>(-delta));
+// Every allocation and free updates several of these: kept inline and branch-light.
+inline void updateStat(StatArray& stat, bool small, int64_t delta) {
+  auto& all = stat[kAllPools];
+  auto& pool = stat[small ? kSmallPool : kLargePool];
+  if (delta > 0) {
+    all.increase(static_cast<std::size_t>(delta));
+    pool.increase(static_cast<std::size_t>(delta));
+  } else {
+    all.decrease(static_cast<std::size_t>(-delta));
+    pool.decrease(static_cast<std::size_t>(-delta));
   }
 }
 

@@ -140,6 +140,18 @@ struct FastPathCheck {
   void operator()(const T& /*other*/) {}
 };
 
+// The output is allocated on the arguments' device: a guard only when that is
+// not the current device already (a guard's exchange costs two device calls).
+class OnDevice {
+ public:
+  explicit OnDevice(c10::Device device) {
+    if (device.index() != currentDevice()) guard_.emplace(device);
+  }
+
+ private:
+  std::optional<c10::DeviceGuard> guard_;
+};
+
 // A structured kernel's output, in npu memory: empty strides mean the options'
 // memory format (contiguous unless the meta step says otherwise).
 at::Tensor npuOutput(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::TensorOptions options) {
@@ -219,7 +231,7 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
         (policy.hasOpPolicies() && policy.opPolicy(Op::name) != dispatch::OpPolicy::Default)) {
       return run_generic();
     }
-    c10::DeviceGuard guard(*check.device);
+    OnDevice guard(*check.device);
     std::size_t bytes = 0;
     auto call = std::make_shared<Call>(std::make_tuple(Capture<Args>::make(args, bytes)...));
     call->runMeta();
@@ -297,7 +309,7 @@ at::Tensor catKernel(const at::ITensorListRef& tensors, int64_t dim) {
       !chip.inf_nan || (policy.hasOpPolicies() && policy.opPolicy("aten::cat") != dispatch::OpPolicy::Default)) {
     return run_generic();
   }
-  c10::DeviceGuard guard(*check.device);
+  OnDevice guard(*check.device);
   auto call = std::make_shared<CatCall>();
   std::size_t bytes = 0;
   call->inputs.reserve(tensors.size());
