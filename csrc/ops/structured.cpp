@@ -383,6 +383,13 @@ NPU_STRUCTURED(LogSoftmax, "aten::_log_softmax", "", structured_log_softmax_cpu_
 #undef ALL
 #undef FLOATING
 
+at::Tensor sumAll(const at::Tensor& self, std::optional<at::ScalarType> dtype) {
+  return StructuredKernel<SumDim>::run(self, c10::IntArrayRef{}, false, dtype);
+}
+at::Tensor meanAll(const at::Tensor& self, std::optional<at::ScalarType> dtype) {
+  return StructuredKernel<MeanDim>::run(self, c10::IntArrayRef{}, false, dtype);
+}
+
 template <class Op>
 void registerStructured(torch::Library& m) {
   const std::string name = std::string(Op::name).substr(6) + (*Op::overload ? std::string(".") + Op::overload : "");
@@ -429,6 +436,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   registerStructured<Addmm>(m);
   registerStructured<Softmax>(m);
   registerStructured<LogSoftmax>(m);
+  // sum(x) and mean(x) are the cpu's sum and mean over every dimension (dim=[]):
+  // the same fast path, not the generic kernel.
+  m.impl("sum", TORCH_FN(sumAll));
+  m.impl("mean", TORCH_FN(meanAll));
+  profile::governByChipList(c10::OperatorName("aten::sum", ""));
+  profile::governByChipList(c10::OperatorName("aten::mean", ""));
   m.impl("cat", TORCH_FN(catKernel));
   profile::governByChipList(c10::OperatorName("aten::cat", ""));
 }
