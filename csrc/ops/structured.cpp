@@ -12,6 +12,7 @@
 #include <ATen/TensorIterator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <ATen/ops/_log_softmax_native.h>
@@ -68,21 +69,39 @@ namespace {
 
 const c10::DispatchKeySet kNPUKeys(c10::DispatchKey::PrivateUse1);
 
+// The CPU aliases of one call: tensors over one npu storage get aliases over
+// one CPU storage, so ATen's overlap checks (a.add_(a[0])) see what the cpu sees.
+struct Aliases {
+  std::size_t bytes = 0;  // the launch's size hint
+  c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 4> storages;
+
+  at::Tensor of(const at::Tensor& t) {
+    bytes += bytesOf(t);
+    const auto* npu_storage = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+    for (const auto& [npu, cpu] : storages) {
+      if (npu == npu_storage) return cpuAliasOver(t, cpu);
+    }
+    c10::Storage storage = cpuAliasStorage(t);
+    storages.emplace_back(npu_storage, storage);
+    return cpuAliasOver(t, std::move(storage));
+  }
+};
+
 // How an argument is kept by a queued kernel: owning, and never a tensor
 // Python has seen (core/launch.h).
 template <class T>
 struct Capture {
   using type = std::decay_t<T>;
-  static type make(const type& v, std::size_t& /*bytes*/) { return v; }
+  static type make(const type& v, Aliases& /*aliases*/) { return v; }
   static const type& use(const type& v) { return v; }
 };
 template <>
 struct Capture<const at::Tensor&> {
   using type = at::Tensor;
-  static type make(const at::Tensor& t, std::size_t& bytes) {
+  static type make(const at::Tensor& t, Aliases& aliases) {
+    if (!t.defined()) return t;
     if (t.device().type() != kNPU) return copyOfScalar(t);
-    bytes += bytesOf(t);
-    return cpuAlias(t);
+    return aliases.of(t);
   }
   // A 0-dim cpu tensor (a wrapped Python number, mostly): the kernel may run
   // later, so it gets its own copy of the value, made without the dispatcher.
@@ -99,7 +118,7 @@ struct Capture<const at::Tensor&> {
 template <>
 struct Capture<at::OptionalIntArrayRef> {
   using type = std::optional<std::vector<int64_t>>;
-  static type make(at::OptionalIntArrayRef v, std::size_t& /*bytes*/) {
+  static type make(at::OptionalIntArrayRef v, Aliases& /*aliases*/) {
     return v.has_value() ? type(v->vec()) : std::nullopt;
   }
   static at::OptionalIntArrayRef use(const type& v) {
@@ -109,7 +128,7 @@ struct Capture<at::OptionalIntArrayRef> {
 template <>
 struct Capture<c10::string_view> {
   using type = std::string;
-  static type make(c10::string_view v, std::size_t& /*bytes*/) { return std::string(v); }
+  static type make(c10::string_view v, Aliases& /*aliases*/) { return std::string(v); }
   static c10::string_view use(const type& v) { return v; }
 };
 
@@ -175,6 +194,7 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
     std::tuple<typename Capture<Args>::type...> args;
     at::Tensor out;        // the npu result, until run() takes it
     at::Tensor out_alias;  // its CPU alias, which the CPU kernel writes
+    bool in_place = false; // the output is the first argument (self's alias, the same tensor)
 
     template <class Tuple>
     explicit Call(Tuple&& captured) : args(std::forward<Tuple>(captured)) {}
@@ -203,8 +223,19 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
     }
     void allocate(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::TensorOptions options) {
       TORCH_INTERNAL_ASSERT(index == 0, Op::name, ": the npu fast path has one output");
-      out = npuOutput(sizes, strides, options);
-      out_alias = cpuAlias(out);
+      if (in_place) {
+        // As the cpu's in-place wrapper checks (a TensorIterator passes a defined
+        // output's own geometry, without strides).
+        TORCH_CHECK(options.dtype() == out_alias.dtype(), "Bad in-place call: input tensor dtype ",
+                    out_alias.dtype(), " and output tensor dtype ", options.dtype(), " should match");
+        TORCH_CHECK(sizes == out_alias.sizes(), "Bad in-place call: input tensor size ", out_alias.sizes(),
+                    " and output tensor size ", sizes, " should match");
+        TORCH_INTERNAL_ASSERT(strides.empty() || strides == out_alias.strides(), Op::name,
+                              ": an in-place output would need a proxy");
+      } else {
+        out = npuOutput(sizes, strides, options);
+        out_alias = cpuAlias(out);
+      }
       if constexpr (std::is_base_of_v<at::TensorIteratorBase, Impl>) {
         Impl::set_output_raw_strided(index, sizes, strides, options);  // borrows out_alias
       }
@@ -232,8 +263,9 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
       return run_generic();
     }
     OnDevice guard(*check.device);
-    std::size_t bytes = 0;
-    auto call = std::make_shared<Call>(std::make_tuple(Capture<Args>::make(args, bytes)...));
+    Aliases aliases;
+    auto call = std::make_shared<Call>(std::make_tuple(Capture<Args>::make(args, aliases)...));
+    std::size_t bytes = aliases.bytes;
     call->runMeta();
     at::Tensor out = std::move(call->out);  // the caller's: a queued kernel never owns it (core/launch.h)
     // Promotion to a dtype the npu lacks (a Python complex): the generic kernel refuses it.
@@ -254,6 +286,59 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
       launch(index, Op::name, [call] { call->runImpl(); }, bytes);
     }
     return out;
+  }
+};
+
+// The in-place form (add_, mul_, ...): the same structured class writing into
+// self, as the cpu's in-place wrapper does. Idle stream: it runs now and every
+// error raises here; queued: the meta step has checked shapes, dtypes and the
+// cast into self at the call (design.md, launch policy).
+template <class Op, const char* InPlaceName, class MetaFn = decltype(&Op::Impl::meta)>
+struct InPlaceKernel;
+
+template <class Op, const char* InPlaceName, class M, class... Rest>
+struct InPlaceKernel<Op, InPlaceName, void (M::*)(const at::Tensor&, Rest...)> {
+  using Call = typename StructuredKernel<Op>::Call;
+
+  static at::Tensor& run(at::Tensor& self, Rest... rest) {
+    static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(InPlaceName, Op::overload);
+    static NativeKernel generic(Op::dtypes());
+    auto& policy = dispatch::FallbackPolicy::instance();
+    auto run_generic = [&]() -> at::Tensor& {
+      torch::jit::Stack stack;
+      torch::jit::push(stack, self, rest...);
+      generic(op, kNPUKeys, &stack);
+      return self;
+    };
+    const auto& chip = profile::active();
+    static const bool on_chip = profile::runsNatively(chip, op);
+    FastPathCheck check{generic};
+    check(self);
+    (check(rest), ...);
+    if (!check.ok || !self.defined() || self.device().type() != kNPU || policy.retryOnKernelError() || !on_chip ||
+        !chip.bfloat16 || !chip.inf_nan ||
+        (policy.hasOpPolicies() && policy.opPolicy(InPlaceName) != dispatch::OpPolicy::Default)) {
+      return run_generic();
+    }
+    OnDevice guard(self.device());
+    Aliases aliases;
+    at::Tensor self_alias = Capture<const at::Tensor&>::make(self, aliases);
+    auto call = std::make_shared<Call>(std::make_tuple(self_alias, Capture<Rest>::make(rest, aliases)...));
+    const std::size_t bytes = aliases.bytes;
+    call->in_place = true;
+    call->out_alias = std::move(self_alias);  // the input's own alias: a full overlap, as on the cpu
+    call->runMeta();
+    std::optional<runtime::tracing::Projection> projection;
+    if (C10_UNLIKELY(runtime::tracing::enabled())) {
+      torch::jit::Stack stack;
+      torch::jit::push(stack, self, rest...);
+      projection.emplace(profile::projectedKernelNs(op, stack));
+    }
+    const auto index = self.device().index();
+    if (!runIfIdle(index, InPlaceName, [&call] { call->runImpl(); }, bytes)) {
+      launch(index, InPlaceName, [call] { call->runImpl(); }, bytes);
+    }
+    return self;
   }
 };
 
@@ -311,6 +396,7 @@ at::Tensor catKernel(const at::ITensorListRef& tensors, int64_t dim) {
   }
   OnDevice guard(*check.device);
   auto call = std::make_shared<CatCall>();
+  // Inputs are only read and the output is new: no overlap to show, one alias each.
   std::size_t bytes = 0;
   call->inputs.reserve(tensors.size());
   for (const at::Tensor& t : tensors) {
@@ -341,6 +427,11 @@ at::Tensor catKernel(const at::ITensorListRef& tensors, int64_t dim) {
     static constexpr const char* overload = Overload;              \
     static DtypeSet dtypes() { return Dtypes; }                    \
   };
+
+constexpr char kAddInPlace[] = "aten::add_";
+constexpr char kSubInPlace[] = "aten::sub_";
+constexpr char kMulInPlace[] = "aten::mul_";
+constexpr char kDivInPlace[] = "aten::div_";
 
 #define ALL (floatingTypes() | integralTypes())
 #define FLOATING floatingTypes()
@@ -443,6 +534,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   profile::governByChipList(c10::OperatorName("aten::sum", ""));
   profile::governByChipList(c10::OperatorName("aten::mean", ""));
   m.impl("cat", TORCH_FN(catKernel));
+  // In place: the optimisers' and gradient accumulation's arithmetic.
+  m.impl("add_.Tensor", TORCH_FN((InPlaceKernel<AddTensor, kAddInPlace>::run)));
+  m.impl("sub_.Tensor", TORCH_FN((InPlaceKernel<SubTensor, kSubInPlace>::run)));
+  m.impl("mul_.Tensor", TORCH_FN((InPlaceKernel<MulTensor, kMulInPlace>::run)));
+  m.impl("div_.Tensor", TORCH_FN((InPlaceKernel<DivTensor, kDivInPlace>::run)));
+  for (const char* name : {"aten::add_", "aten::sub_", "aten::mul_", "aten::div_"}) {
+    profile::governByChipList(c10::OperatorName(name, "Tensor"));
+  }
   profile::governByChipList(c10::OperatorName("aten::cat", ""));
 }
 
