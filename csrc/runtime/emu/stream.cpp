@@ -1,12 +1,7 @@
 #include "stream.h"
 
-#include <algorithm>
-#include <atomic>
 #include <cstring>
-#include <memory>
 #include <optional>
-#include <system_error>
-#include <thread>
 
 #include "config.h"
 #include "protection.h"
@@ -20,63 +15,6 @@ constexpr auto kWorkerSpin = std::chrono::microseconds(20);
 // Launches beyond this many queued kernels wait for room: a host thread that
 // launches faster than the stream runs cannot grow the queue without bound.
 constexpr std::size_t kMaxQueuedKernels = 1024;
-
-// Copies of at least this many bytes per thread are split over the host's
-// cores: one core's memcpy does not reach the memory's bandwidth, and ATen's
-// cpu copy_ (what a host copy is measured against) splits its copies too.
-// Smaller pieces cost more in thread start-up than they gain.
-constexpr std::size_t kParallelCopyPiece = std::size_t(8) << 20;
-constexpr std::size_t kCopyChunk = std::size_t(1) << 20;  // the unit the threads take, one at a time
-
-// A large copy's shared state: helpers outlive it only as threads that find no
-// chunk left (they are detached: the caller never waits for a helper that the
-// host has not scheduled yet, a busy host's case).
-struct SplitCopy {
-  char* dst;
-  const char* src;
-  std::size_t n;
-  std::size_t chunks;
-  std::atomic<std::size_t> next{0};
-  std::atomic<std::size_t> done{0};
-
-  // Copies chunks until none is left; true if it copied the last one.
-  void work() {
-    for (std::size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
-      const std::size_t begin = i * kCopyChunk;
-      std::memcpy(dst + begin, src + begin, std::min(kCopyChunk, n - begin));
-      done.fetch_add(1, std::memory_order_release);
-    }
-  }
-};
-
-// memcpy, split over up to hardware_concurrency() threads for large copies.
-// The caller copies too, taking chunks as the helpers do: if no helper gets a
-// core, it copies everything itself, as fast as one memcpy. It returns once
-// every chunk is copied. Helpers are started per copy (tens of microseconds
-// against milliseconds): no pool outlives a fork.
-void copyBytes(void* dst, const void* src, std::size_t n) {
-  static const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
-  const std::size_t parts = std::min(cores, n / kParallelCopyPiece);
-  if (parts <= 1) {
-    std::memcpy(dst, src, n);
-    return;
-  }
-  auto copy = std::make_shared<SplitCopy>();
-  copy->dst = static_cast<char*>(dst);
-  copy->src = static_cast<const char*>(src);
-  copy->n = n;
-  copy->chunks = (n + kCopyChunk - 1) / kCopyChunk;
-  for (std::size_t i = 1; i < parts; ++i) {
-    try {
-      std::thread([copy] { copy->work(); }).detach();
-    } catch (const std::system_error&) {
-      break;  // no thread to be had: the caller copies alone
-    }
-  }
-  copy->work();
-  // Chunks a helper took are being copied right now: wait for them alone.
-  while (copy->done.load(std::memory_order_acquire) < copy->chunks) std::this_thread::yield();
-}
 
 inline void cpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -394,7 +332,7 @@ void EmuStream::workerLoop() {
 void EmuStream::copy(void* dst, const void* src, std::size_t n, CopyKind kind) {
   // Every kind is a memcpy: the emulated device memory is host memory.
   if (n == 0) return;
-  Task task{tracing::copyName(kind), [dst, src, n] { copyBytes(dst, src, n); }};
+  Task task{tracing::copyName(kind), [dst, src, n] { std::memcpy(dst, src, n); }};
   task.stamp = tracing::LaunchStamp::now();
   task.kind = tracing::ActivityKind::Memcpy;
   task.bytes = n;
