@@ -82,7 +82,8 @@ def profile(op, device, iters, workdir):
                              "-F", "overhead,sample,sym"], check=True, capture_output=True, text=True).stdout
     samples = collections.Counter()
     for line in report.splitlines():
-        match = re.match(r"\s*[\d.]+%\s+(\d+)\s+\[.\]\s+(.*?)\s*$", line)
+        # "12.3%  456  [.] symbol  -  -": the trailing columns are padded to the report's widths
+        match = re.match(r"\s*[\d.]+%\s+(\d+)\s+\[.\]\s+(.*?)(?:\s+-\s+-)?\s*$", line)
         if match:
             samples[match.group(2)] += int(match.group(1))
     return samples
