@@ -10,6 +10,7 @@
 // not a scalar) goes to the op library's generic kernel instead.
 #include <ATen/EmptyTensor.h>
 #include <ATen/TensorIterator.h>
+#include <ATen/native/TypeProperties.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/SmallVector.h>
@@ -133,16 +134,31 @@ struct Capture<c10::string_view> {
 };
 
 // Whether the fast path may take these arguments, and on which device.
+// The meta step runs at the call, on CPU aliases: ATen's TensorIterator on the
+// cpu converts an input whose dtype is not the computation's right there, which
+// would read device memory out of stream order. So every npu operand must have
+// one floating dtype, which must also be the promoted result's (noConversion);
+// other mixes take the generic kernel.
 struct FastPathCheck {
   const NativeKernel& kernel;
   std::optional<c10::Device> device;
+  std::optional<c10::ScalarType> npu_dtype;
+  at::native::ResultTypeState promotion{};
   bool ok = true;
+
+  // All npu operands share one floating dtype, the result's: no conversion at the call.
+  bool noConversion() const {
+    return npu_dtype && c10::isFloatingType(*npu_dtype) && at::native::result_type(promotion) == *npu_dtype;
+  }
 
   void operator()(const at::Tensor& t) {
     if (!t.defined()) return;
+    promotion = at::native::update_result_type_state(t, promotion);
     if (t.device().type() == kNPU) {
       if (!kernel.accepts(t.scalar_type()) || (device && *device != t.device())) ok = false;
+      if (npu_dtype && *npu_dtype != t.scalar_type()) ok = false;
       device = t.device();
+      npu_dtype = t.scalar_type();
     } else if (!(t.device().is_cpu() && t.dim() == 0)) {
       ok = false;
     } else if (!kernel.accepts(t.scalar_type()) && !t.unsafeGetTensorImpl()->is_wrapped_number()) {
@@ -151,6 +167,7 @@ struct FastPathCheck {
   }
   void operator()(const at::Scalar& s) {
     if (s.isComplex()) ok = false;
+    promotion = at::native::update_result_type_state(s, promotion);
   }
   void operator()(const std::optional<at::ScalarType>& dtype) {
     if (dtype && !kernel.accepts(*dtype)) ok = false;
@@ -258,7 +275,8 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
     static const bool on_chip = profile::runsNatively(chip, op);
     FastPathCheck check{generic};
     (check(args), ...);
-    if (!check.ok || !check.device || policy.retryOnKernelError() || !on_chip || !chip.bfloat16 || !chip.inf_nan ||
+    if (!check.ok || !check.device || !check.noConversion() || policy.retryOnKernelError() || !on_chip ||
+        !chip.bfloat16 || !chip.inf_nan ||
         (policy.hasOpPolicies() && policy.opPolicy(Op::name) != dispatch::OpPolicy::Default)) {
       return run_generic();
     }
@@ -315,7 +333,8 @@ struct InPlaceKernel<Op, InPlaceName, void (M::*)(const at::Tensor&, Rest...)> {
     FastPathCheck check{generic};
     check(self);
     (check(rest), ...);
-    if (!check.ok || !self.defined() || self.device().type() != kNPU || policy.retryOnKernelError() || !on_chip ||
+    if (!check.ok || !self.defined() || self.device().type() != kNPU || !check.noConversion() ||
+        policy.retryOnKernelError() || !on_chip ||
         !chip.bfloat16 || !chip.inf_nan ||
         (policy.hasOpPolicies() && policy.opPolicy(InPlaceName) != dispatch::OpPolicy::Default)) {
       return run_generic();
