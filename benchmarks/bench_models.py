@@ -68,8 +68,9 @@ def runners(model, make_batch, loss_fn, device, compiled):
     return train, infer
 
 
-def measure(name, model, make_batch, loss_fn, repeats):
-    configs = [(device, compiled) for device in ("cpu", "npu") for compiled in (False, True)]
+def measure(name, model, make_batch, loss_fn, repeats, eager_only=False):
+    compiled_modes = (False,) if eager_only else (False, True)
+    configs = [(device, compiled) for device in ("cpu", "npu") for compiled in compiled_modes]
     steps = {config: runners(model, make_batch, loss_fn, *config) for config in configs}
     times = {}
     # Rounds interleave the four configurations, so the machine's slow spells hit them alike.
@@ -81,6 +82,10 @@ def measure(name, model, make_batch, loss_fn, repeats):
     torch._dynamo.reset()
     for mode in ("train", "infer"):
         t = {k[:2]: v for k, v in times.items() if k[2] == mode}
+        if eager_only:
+            print(f"  {name:<8} {mode:<5}  npu eager {t[('npu', False)] * 1e3:7.2f} ms  cpu eager "
+                  f"{t[('cpu', False)] * 1e3:7.2f} ms | npu/cpu eager {t[('npu', False)] / t[('cpu', False)]:.3f}")
+            continue
         print(f"  {name:<8} {mode:<5}  npu eager {t[('npu', False)] * 1e3:7.2f} ms  cpu eager "
               f"{t[('cpu', False)] * 1e3:7.2f} ms  npu compiled {t[('npu', True)] * 1e3:7.2f} ms  cpu compiled "
               f"{t[('cpu', True)] * 1e3:7.2f} ms | npu/cpu compiled {t[('cpu', True)] / t[('npu', True)]:.2f}  "
@@ -154,6 +159,8 @@ def transformers_models():
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the zoo's GPT only, fewer repeats")
+    parser.add_argument("--eager-only", action="store_true",
+                        help="eager steps only, npu/cpu time ratio (target <= 1.03); no compile")
     args, _ = parser.parse_known_args(argv)
     os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")   # first-compile times are real
     repeats = 5 if args.quick else 30
@@ -161,10 +168,12 @@ def main(argv=None):
     names = ["gpt"] if args.quick else ["gpt", "resnet", "vit"]
     for name in names:
         model, make_batch, loss_fn = zoo.build(name, device="cpu")
-        measure(name, model, make_batch, loss_fn, repeats)
+        measure(name, model, make_batch, loss_fn, repeats, args.eager_only)
     if not args.quick:
         for name, model, make_batch, loss_fn in transformers_models():
-            measure(name, model, make_batch, loss_fn, repeats)
+            measure(name, model, make_batch, loss_fn, repeats, args.eager_only)
+    if args.eager_only:
+        return
     first = {device: first_compile(device) for device in ("cpu", "npu")}
     print(f"  first compile of the GPT (train step + inference, fresh process, no caches): npu {first['npu']:.1f} s, "
           f"cpu {first['cpu']:.1f} s ({first['npu'] / first['cpu']:.2f}x; target <= 1.2x)")

@@ -189,6 +189,19 @@ def test_internal_overlap_raises_through_fallback():
     assert a.cpu().tolist() == [1.0, 1.0, 1.0]
 
 
+@pytest.mark.parametrize("op", ["add_", "sub_", "mul_", "div_"])
+def test_internal_overlap_raises_on_the_native_fast_path(op):
+    # float32: the npu's own in-place kernel, whose aliases of one storage share one
+    # CPU storage, so ATen's overlap check sees what it sees on the cpu.
+    a = torch.arange(1.0, 17.0).reshape(4, 4).npu()
+    with pytest.raises(RuntimeError, match="single memory location"):
+        getattr(a, op)(a[0])
+    assert a.cpu().tolist() == torch.arange(1.0, 17.0).reshape(4, 4).tolist()
+    b, expected = a.clone(), a.cpu()
+    getattr(b, op)(b[0].clone())                      # no overlap: computes as on the cpu
+    torch.testing.assert_close(b.cpu(), getattr(expected, op)(expected[0].clone()))
+
+
 def test_overlapping_arguments_compute_like_cpu():
     base = torch.arange(8.0, dtype=torch.float64)
     npu = base.npu()
@@ -203,3 +216,26 @@ def test_conjugate_view_sharing_memory_through_fallback():
     zn = z.npu()
     # complex mul takes the fallback; both arguments share one storage, one lazily conjugated
     torch.testing.assert_close((zn * zn.conj()).cpu(), z * z.conj())
+
+
+def test_mixed_dtype_ops_read_their_inputs_in_stream_order(run_python):
+    # Every kernel queued (NPU_EMU_ALWAYS_ENQUEUE=1): an op whose inputs are converted
+    # to the promoted dtype reads them after the queued work wrote them, as on a device.
+    run_python("""
+        import torch, torch_npu
+        for case in ("half_times_float", "int_true_divide", "scalar_promotes", "in_place_half_into_float"):
+            x = torch.zeros(1000, device="npu", dtype=torch.int64 if case == "int_true_divide" else torch.float16)
+            torch.npu._sleep(20)
+            x.fill_(3)                                  # queued behind the sleep
+            if case == "half_times_float":
+                y = x * torch.ones(1000, device="npu")
+            elif case == "int_true_divide":
+                y = x / torch.ones(1000, device="npu", dtype=torch.int64)
+            elif case == "scalar_promotes":
+                y = x[0] + torch.tensor(0.0)            # 0-dim float16 npu + 0-dim float32 cpu: float32
+            else:
+                y = torch.ones(1000, device="npu")
+                y.mul_(x)
+            assert y.dtype == torch.float32, (case, y.dtype)
+            assert (y.cpu() == 3).all(), case
+    """, env={"NPU_EMU_ALWAYS_ENQUEUE": "1"})

@@ -93,6 +93,11 @@ void copyHostToDevice(at::Tensor& dst, const at::Tensor& src, bool non_blocking)
   // Pageable memory may be freed as soon as we return: copy now, in stream
   // order (after the stream's earlier work on dst, before later kernels).
   StreamHold hold(device, "copy to npu");
+  if (isPlainCopy(dst, src)) {
+    // The holder's copy runs at once, on this thread: the HAL's memcpy (traced by it).
+    stream.copy(dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src), runtime::CopyKind::HostToDevice);
+    return;
+  }
   runtime::tracing::Scope traced(runtime::tracing::ActivityKind::Memcpy, "Memcpy HtoD", device,
                                  currentStream(device).id(), bytesOf(dst), runtime::CopyKind::HostToDevice);
   cpuAlias(dst).copy_(src);
@@ -117,6 +122,12 @@ void copyDeviceToHost(at::Tensor& dst, const at::Tensor& src, bool non_blocking)
     return;
   }
   StreamHold hold(device, "copy from npu to cpu");
+  if (isPlainCopy(dst, src)) {
+    // The holder's copy runs at once, on this thread: the HAL's memcpy (traced by it).
+    currentRuntimeStream(device).copy(dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src),
+                                      runtime::CopyKind::DeviceToHost);
+    return;
+  }
   runtime::tracing::Scope traced(runtime::tracing::ActivityKind::Memcpy, "Memcpy DtoH", device,
                                  currentStream(device).id(), bytesOf(src), runtime::CopyKind::DeviceToHost);
   dst.copy_(cpuAlias(src));

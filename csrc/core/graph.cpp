@@ -77,6 +77,8 @@ Capture* captureOfCurrentStream(c10::DeviceIndex device) {
 
 }  // namespace
 
+bool anyCapture() { return g_active.load(std::memory_order_acquire) != 0; }
+
 bool currentStreamCapturing(c10::DeviceIndex device) {
   if (g_active.load(std::memory_order_acquire) == 0) return false;
   device = resolveDevice(device);

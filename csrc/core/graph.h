@@ -30,6 +30,10 @@ namespace npu::graph {
 
 // Whether the current stream of `device` (this thread's) is capturing.
 bool currentStreamCapturing(c10::DeviceIndex device);
+// Whether any stream of any device captures (one atomic load): while one does,
+// work is launched, never run at once, so that launch() records it or refuses it
+// (a stream joined to a capture by an event).
+bool anyCapture();
 
 // The launch path: records `kernel` into the capture of this thread's current
 // stream of `device` and returns true, or returns false when it is not capturing.

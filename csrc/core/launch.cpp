@@ -14,19 +14,26 @@
 
 namespace npu {
 
-at::Tensor cpuAlias(const at::Tensor& t, c10::Allocator* resize_allocator) {
-  if (!t.defined()) return t;
+c10::Storage cpuAliasStorage(const at::Tensor& t, c10::Allocator* resize_allocator) {
   const auto* storage = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
   const bool resizable = resize_allocator != nullptr && storage->resizable();
-  c10::Storage alias_storage(c10::Storage::use_byte_size_t(), storage->nbytes(),
-                             c10::DataPtr(const_cast<void*>(storage->data()), c10::Device(c10::kCPU)),
-                             resizable ? resize_allocator : nullptr, resizable);
+  return c10::Storage(c10::Storage::use_byte_size_t(), storage->nbytes(),
+                      c10::DataPtr(const_cast<void*>(storage->data()), c10::Device(c10::kCPU)),
+                      resizable ? resize_allocator : nullptr, resizable);
+}
+
+at::Tensor cpuAliasOver(const at::Tensor& t, c10::Storage alias_storage) {
   auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(alias_storage),
                                                    c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   impl->_set_conj(t.is_conj());
   impl->_set_neg(t.is_neg());
   return at::Tensor(std::move(impl));
+}
+
+at::Tensor cpuAlias(const at::Tensor& t, c10::Allocator* resize_allocator) {
+  if (!t.defined()) return t;
+  return cpuAliasOver(t, cpuAliasStorage(t, resize_allocator));
 }
 
 void launch(c10::DeviceIndex device, const char* name, runtime::Kernel kernel, std::size_t bytes) {
@@ -60,7 +67,7 @@ void launch(c10::DeviceIndex device, const char* name, runtime::Kernel kernel, s
 }
 
 bool runIfIdle(c10::DeviceIndex device, const char* name, runtime::KernelRef kernel, std::size_t bytes) {
-  if (C10_UNLIKELY(graph::currentStreamCapturing(device))) return false;   // launch() records it
+  if (C10_UNLIKELY(graph::anyCapture())) return false;   // launch() records it, or refuses it
   auto& stream = currentRuntimeStream(device);
   auto below_autograd = [&kernel] {
     at::AutoDispatchBelowADInplaceOrView guard;

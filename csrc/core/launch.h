@@ -17,6 +17,11 @@ namespace npu {
 // undefined. With `resize_allocator` (and a resizable npu storage) a kernel may
 // resize the alias, taking new memory from that allocator (out= arguments).
 at::Tensor cpuAlias(const at::Tensor& t, c10::Allocator* resize_allocator = nullptr);
+// cpuAlias in two steps, for aliases of one npu storage that must share one CPU
+// storage, so that ATen's overlap checks see them as views of one memory: the
+// CPU storage over t's memory, and t's geometry over such a storage.
+c10::Storage cpuAliasStorage(const at::Tensor& t, c10::Allocator* resize_allocator = nullptr);
+at::Tensor cpuAliasOver(const at::Tensor& t, c10::Storage alias_storage);
 
 // Queues `kernel` on the current stream of `device`. Errors of an asynchronous
 // kernel surface at the next synchronisation point; with NPU_LAUNCH_BLOCKING=1

@@ -13,9 +13,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/flat_hash_map.h>
 
 #include <optional>
-#include <unordered_map>
 
 #include "../core/stream.h"
 #include "../runtime/tracing.h"
@@ -65,9 +65,10 @@ class HostExecution {
     at::Tensor alias;     // kept alive, so no later tensor can reuse its address
     at::Tensor original;  // the npu tensor
   };
-  std::unordered_map<const c10::TensorImpl*, Aliased> originals_;        // alias impl -> both
-  std::unordered_map<const void*, at::Tensor> by_memory_;                  // storage base -> npu tensor
-  std::unordered_map<const c10::StorageImpl*, c10::Storage> adopted_;     // host storage -> npu storage
+  // Open addressing: no heap node per tensor on this per-op path.
+  ska::flat_hash_map<const c10::TensorImpl*, Aliased> originals_;        // alias impl -> both
+  ska::flat_hash_map<const void*, at::Tensor> by_memory_;                  // storage base -> npu tensor
+  ska::flat_hash_map<const c10::StorageImpl*, c10::Storage> adopted_;     // host storage -> npu storage
 };
 
 }  // namespace npu::ops

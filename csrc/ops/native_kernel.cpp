@@ -500,18 +500,20 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
   const size_t begin = stack->size() - n;
   c10::DeviceGuard guard(device);
 
-  // The closure gets aliases only (no tensor Python has seen, see core/launch.h).
+  // The kernel gets aliases of the npu tensors; cpu tensors (scalars) are the
+  // caller's until the kernel is queued, when they are copied (below).
   std::vector<c10::IValue> args;
   args.reserve(n);
   std::size_t bytes = 0;
+  std::vector<const c10::TensorImpl*> cpu_tensors;
   auto alias_of = [&](const at::Tensor& t) -> at::Tensor {
     if (!t.defined()) return t;
     if (isNpu(t)) {
       bytes += bytesOf(t);
       return cpuAlias(t);
     }
-    // a cpu tensor (a scalar): the closure needs its own copy
-    return t.clone();
+    cpu_tensors.push_back(t.unsafeGetTensorImpl());
+    return t;
   };
   std::vector<std::pair<size_t, c10::IValue>> generators;   // under capture: drawn at each replay
   const bool capturing = graph::currentStreamCapturing(device.index());
@@ -541,6 +543,15 @@ void NativeKernel::runQueued(const c10::OperatorHandle& op, torch::jit::Stack* s
   // An idle stream runs it here and now: every error raises at the call.
   auto run_now = [&] { runCpuKernel(op, kCPUKeys, &args, device.index()); };
   if (runIfIdle(device.index(), name, run_now, bytes)) return;
+  if (!cpu_tensors.empty()) {
+    // The closure never owns a tensor Python has seen (core/launch.h): its own copies.
+    auto is_callers = [&](const at::Tensor& t) {
+      return std::find(cpu_tensors.begin(), cpu_tensors.end(), t.unsafeGetTensorImpl()) != cpu_tensors.end();
+    };
+    for (auto& v : args) {
+      v = dispatch::mapTensors(v, [&](const at::Tensor& t, bool) { return t.defined() && is_callers(t) ? t.clone() : t; });
+    }
+  }
   // Queued behind other work: what metadata can show must still raise here.
   checkResultCastsIntoSelf(op, args);
   if (!metadataAccepted(op, args)) {
