@@ -43,28 +43,10 @@
 #include "../../core/profile.h"
 #include "../../runtime/tracing.h"
 #include "../host_execution.h"
+#include "on_host.h"
 
 namespace npu::ops {
 namespace {
-
-// Runs `compute` on host tensors: for npu inputs inside a HostExecution (so the
-// outputs it allocates are npu memory, and writes to an input's alias write the
-// npu tensor), for cpu inputs directly. (fused_ops.cpp has the same helper.)
-template <class Compute>
-auto onHost(const char* op, std::initializer_list<std::reference_wrapper<const at::Tensor>> tensors,
-            Compute compute) {
-  const at::Tensor& first = tensors.begin()->get();
-  for (const at::Tensor& t : tensors) {
-    TORCH_CHECK(!t.defined() || t.device() == first.device(), "Expected all tensors to be on the same device, but "
-                "found at least two devices, ", first.device(), " and ", t.device(), "! (npu::", op,
-                "; move them with .to('", first.device(), "'))");
-  }
-  if (first.device().type() != kNPU) return compute([](const at::Tensor& t) { return t.defined() ? t.contiguous() : t; },
-                                                    [](const at::Tensor& t) { return t; });
-  HostExecution exec(first.device(), op);
-  return compute([&](const at::Tensor& t) { return t.defined() ? exec.alias(t).contiguous() : t; },
-                 [&](const at::Tensor& t) { return exec.toNpu(t); });
-}
 
 constexpr int64_t kNoBand = 2147483647;
 // At most this many query rows per tile: causal tiles then skip about half the keys.
