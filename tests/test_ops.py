@@ -10,6 +10,9 @@ Inputs come in three layouts: contiguous, transposed and sliced with a step, bui
 on the npu with the same view op as on the cpu so that the npu kernels really see
 non-contiguous memory.
 """
+import pathlib
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -1207,6 +1210,23 @@ def test_native_op_library_names_all_matched():
         info = registry.get(name)
         assert info is None or info.backend != "cpu", f"op library name {name!r} falls back to the cpu: {info}"
 
+
+
+def test_every_vector_math_function_is_settled_at_import():
+    """ATen sends contiguous float and double unary ops to MKL's vector math, one call
+    per thread; MKL picks a function's kernel at its first call, and concurrent first
+    calls can give one thread a low-accuracy kernel (pytorch/pytorch#188792). import
+    torch_npu calls every such function once, on one thread, first: the list must
+    cover every function this torch routes there (its ATen/cpu/vml.h)."""
+    if not torch.backends.mkl.is_available():
+        pytest.skip("this torch is built without MKL: no vector math library to settle")
+    header = pathlib.Path(torch.__file__).parent / "include" / "ATen" / "cpu" / "vml.h"
+    if not header.exists():
+        pytest.skip(f"{header} is not installed: the list cannot be checked against it")
+    routed = set(re.findall(r"^IMPLEMENT_VML_MKL\((\w+),", header.read_text(), re.MULTILINE))
+    settled = {name.removeprefix("aten::") for name in torch_npu._C._vector_math_settled()}
+    assert routed, f"no IMPLEMENT_VML_MKL line found in {header}"
+    assert routed <= settled, f"not settled at import: {sorted(routed - settled)}"
 
 # ---- npu and cpu tensors do not mix (as cuda and cpu tensors do not) ---------------------------------------
 

@@ -1,6 +1,9 @@
 #include "native_kernel.h"
 
+#include <ATen/Config.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/TypeProperties.h>
@@ -616,6 +619,31 @@ void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* s
   for (size_t i = stack->size() - returns; i < stack->size(); ++i) {
     (*stack)[i] = dispatch::mapTensors((*stack)[i], [&](const at::Tensor& t, bool) { return exec.toNpu(t); });
   }
+}
+
+const std::vector<std::string>& settleVectorMathDispatch() {
+  // The unary ops whose float and double CPU kernels call MKL's vector math
+  // (ATen/cpu/vml.h: IMPLEMENT_VML_MKL); a test checks the list against that header.
+  static const std::vector<std::string> settled = [] {
+    std::vector<std::string> names;
+#if AT_MKL_ENABLED()
+    static constexpr const char* kVectorMathOps[] = {"acos", "asin", "atan", "cos",   "erf",  "erfc",
+                                                     "erfinv", "exp", "log", "log10", "log2", "sin",
+                                                     "sqrt", "tan", "tanh", "trunc"};
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    for (const char* name : kVectorMathOps) {
+      const auto op = c10::Dispatcher::singleton()
+                          .findSchemaOrThrow((std::string("aten::") + name).c_str(), "")
+                          .typed<at::Tensor(const at::Tensor&)>();
+      for (const auto dtype : {c10::kFloat, c10::kDouble}) {
+        op.call(at::full({1}, 0.5, at::TensorOptions().dtype(dtype)));  // one element: on this thread
+      }
+      names.emplace_back(std::string("aten::") + name);
+    }
+#endif
+    return names;
+  }();
+  return settled;
 }
 
 }  // namespace npu::ops

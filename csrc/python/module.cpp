@@ -636,6 +636,7 @@ void bindDispatch(py::module_& m) {
   });
   m.def("_num_native_kernels", [] { return npu::dispatch::numNativeKernels(); });
   m.def("_unmatched_library_names", [] { return npu::ops::unmatchedLibraryNames(); });
+  m.def("_vector_math_settled", [] { return npu::ops::settleVectorMathDispatch(); });
 }
 
 // torch.multiprocessing and npu tensors (python/torch_npu/_multiprocessing.py), interprocess events.
@@ -691,6 +692,7 @@ void bindDistributed(py::module_& m) {
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
+  npu::ops::settleVectorMathDispatch();  // before any op runs on two threads
   npu::registerHooks();
   npu::ops::installHostAllocatorRedirect();
   npu::ops::registerOpLibrary();
