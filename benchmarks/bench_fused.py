@@ -328,7 +328,7 @@ def llm_cases(scale):
         ("moe_gating_top_k", (logits,), lambda a: torch_npu.npu_moe_gating_top_k_softmax(a, k=k)[0],
          lambda a: torch.softmax(a, -1).topk(k, -1).values, True),
         ("moe_init_routing", (x,), lambda a: torch_npu.npu_moe_init_routing_v2(
-            a, expert_idx, expert_num=experts, expert_tokens_num_flag=True, expert_tokens_num_type=1)[0],
+            a, expert_idx, expert_num=experts, expert_tokens_num_flag=True, expert_tokens_num_type=1, quant_mode=-1)[0],
          routing_composed, True),
         ("grouped_matmul", (xg, w), lambda a, b: torch_npu.npu_grouped_matmul(
             [a], [b], group_list=counts, group_list_type=1, group_type=0, split_item=3)[0],

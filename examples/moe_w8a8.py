@@ -37,7 +37,7 @@ class MoE(nn.Module):
         weights, expert_idx, _ = torch_npu.npu_moe_gating_top_k_softmax(self.router(x), k=self.top_k)
         expanded, row_idx, counts, _ = torch_npu.npu_moe_init_routing_v2(
             x, expert_idx, active_num=tokens * self.top_k, expert_num=self.experts,
-            expert_tokens_num_type=1, expert_tokens_num_flag=True)
+            expert_tokens_num_type=1, expert_tokens_num_flag=True, quant_mode=-1)
         h = torch_npu.npu_grouped_matmul([expanded], [self.up], group_list=counts, group_list_type=1,
                                          group_type=0, split_item=3)[0]
         y = torch_npu.npu_grouped_matmul([F.silu(h)], [self.down], group_list=counts, group_list_type=1,

@@ -179,7 +179,7 @@ def test_init_routing_v2_dropless(dtype, device):
              dict(expert_num=experts, active_expert_range=[2, 6], row_idx_type=1)]
     for case in cases:
         npu_case = {key: (v.to(device) if isinstance(v, torch.Tensor) else v) for key, v in case.items()}
-        actual = torch_npu.npu_moe_init_routing_v2(x.to(device), expert_idx.to(device), **npu_case)
+        actual = torch_npu.npu_moe_init_routing_v2(x.to(device), expert_idx.to(device), quant_mode=-1, **npu_case)
         assert actual[0].device.type == device
         expected = routing_ref(x, expert_idx, **case)
         check_routing(expected, actual)
@@ -192,7 +192,7 @@ def test_init_routing_v2_drop_pad():
     expert_idx = torch.randint(0, experts, (tokens, k), dtype=torch.int32)
     expanded, row_idx, counts, _ = torch_npu.npu_moe_init_routing_v2(
         x.npu(), expert_idx.npu(), expert_capacity=capacity, expert_num=experts, drop_pad_mode=1,
-        expert_tokens_num_flag=True, expert_tokens_num_type=1)
+        expert_tokens_num_flag=True, expert_tokens_num_type=1, quant_mode=-1)
     assert expanded.shape == (experts, capacity, 16)
     flat = expert_idx.flatten().long()
     expected = torch.zeros(experts, capacity, 16)
@@ -210,7 +210,7 @@ def test_init_routing_v2_drop_pad():
     # the gradient reaches the tokens that kept a slot, not the dropped ones
     xn = x.npu().requires_grad_()
     expanded = torch_npu.npu_moe_init_routing_v2(xn, expert_idx.npu(), expert_capacity=capacity, expert_num=experts,
-                                                 drop_pad_mode=1)[0]
+                                                 drop_pad_mode=1, quant_mode=-1)[0]
     (expanded * torch.arange(1.0, 17.0).npu()).sum().backward()
     expected_grad = torch.zeros(tokens, 16)
     for pair, slot in enumerate(expected_rows.tolist()):
@@ -236,9 +236,10 @@ def test_init_routing_v2_quantized(dtype):
         assert (actual[0].cpu().int() - expected[0].int()).abs().max() <= 1
         assert torch.equal(actual[1].cpu(), expected[1])
     # static: round(x * scale + offset), saturated
+    # (quant_mode's default, 0, as on Ascend: scale and offset alone give int8 rows)
     s, o = torch.tensor([30.0]), torch.tensor([2.0])
     static = torch_npu.npu_moe_init_routing_v2(x.npu(), expert_idx.npu(), scale=s.npu(), offset=o.npu(),
-                                               expert_num=experts, quant_mode=0)
+                                               expert_num=experts)
     rows = routing_ref(x, expert_idx, expert_num=experts)[0]
     assert static[3].shape == ()
     assert torch.equal(static[0].cpu(), torch.round(rows.float() * 30 + 2).clamp(-128, 127).to(torch.int8))
@@ -252,7 +253,8 @@ def test_init_routing_v2_gradient_is_the_gather_gradient(dtype, row_idx_type):
     expert_idx = torch.randint(0, 4, (8, 2), dtype=torch.int32)
     xn, xr = x.npu().requires_grad_(), x.clone().requires_grad_()
     expanded, row_idx, _, _ = torch_npu.npu_moe_init_routing_v2(xn, expert_idx.npu(), expert_num=4,
-                                                                active_num=12, row_idx_type=row_idx_type)
+                                                                active_num=12, row_idx_type=row_idx_type,
+                                                                quant_mode=-1)
     order = torch.argsort(expert_idx.flatten().long(), stable=True)
     reference = xr[order[:12] // 2]
     g = torch.randn(12, 16).to(dtype)
@@ -268,7 +270,7 @@ def test_init_routing_v2_gradient_compiles_and_reaches_scale():
 
     def routed(a, s, idx):
         expanded, _, _, expanded_scale = torch_npu.npu_moe_init_routing_v2(
-            a, idx, scale=s, expert_num=4, active_num=12, row_idx_type=1)
+            a, idx, scale=s, expert_num=4, active_num=12, row_idx_type=1, quant_mode=-1)
         return (expanded * expanded_scale.unsqueeze(-1)).sum()
 
     grads = []
@@ -288,15 +290,16 @@ def test_init_routing_v2_gradient_compiles_and_reaches_scale():
 def test_init_routing_v2_checks():
     x, idx = torch.randn(4, 8).npu(), torch.zeros(4, 2, dtype=torch.int32).npu()
     with pytest.raises(RuntimeError, match=r"npu::npu_moe_init_routing_v2 \(npu:0\): expert_idx must be int32"):
-        torch_npu.npu_moe_init_routing_v2(x, idx.long())
+        torch_npu.npu_moe_init_routing_v2(x, idx.long(), quant_mode=-1)
     with pytest.raises(RuntimeError, match="quant_mode 2 .* not supported on this npu"):
         torch_npu.npu_moe_init_routing_v2(x, idx, expert_num=4, quant_mode=2)
     with pytest.raises(RuntimeError, match="expert_num must be given"):
-        torch_npu.npu_moe_init_routing_v2(x, idx, expert_tokens_num_flag=True)
+        torch_npu.npu_moe_init_routing_v2(x, idx, expert_tokens_num_flag=True, quant_mode=-1)
     with pytest.raises(RuntimeError, match="drop/pad mode needs 0 < expert_capacity"):
-        torch_npu.npu_moe_init_routing_v2(x, idx, expert_num=4, drop_pad_mode=1)
-    with pytest.raises(RuntimeError, match="static quantization .* needs scale and offset"):
-        torch_npu.npu_moe_init_routing_v2(x, idx, expert_num=4, quant_mode=0)
+        torch_npu.npu_moe_init_routing_v2(x, idx, expert_num=4, drop_pad_mode=1, quant_mode=-1)
+    with pytest.raises(RuntimeError, match=r"static quantization \(quant_mode=0, the default, as on Ascend\) needs "
+                                           r"scale and offset.*pass quant_mode=-1 to route without quantization"):
+        torch_npu.npu_moe_init_routing_v2(x, idx, expert_num=4)
     with pytest.raises(RuntimeError, match="needs a float16, bfloat16 or float32 x, got int8"):
         torch_npu.npu_moe_init_routing_v2(x.to(torch.int8), idx, expert_num=4, quant_mode=1)
 
@@ -723,7 +726,8 @@ def compile_cases():
     return [
         ("gating", lambda: torch_npu.npu_moe_gating_top_k_softmax(x, k=2)),
         ("routing", lambda: torch_npu.npu_moe_init_routing_v2(x, idx, expert_num=8, expert_tokens_num_flag=True,
-                                                              expert_tokens_num_type=1, active_num=12)),
+                                                              expert_tokens_num_type=1, active_num=12,
+                                                              quant_mode=-1)),
         ("gmm", lambda: torch_npu.npu_grouped_matmul([torch.cat([x, x])], [w], group_list=gl, group_type=0,
                                                      split_item=3)),
         ("gmm_list", lambda: torch_npu.npu_grouped_matmul([x, x], [w[0], w[1]], group_type=-1)),
@@ -780,7 +784,8 @@ def test_opcheck_fake_tensors():
     cases = [
         (ops.npu_moe_gating_top_k_softmax.default, (x, None, 2), {}),
         (ops.npu_moe_init_routing_v2.default, (x, idx), dict(expert_num=4, drop_pad_mode=1, expert_capacity=3,
-                                                               expert_tokens_num_flag=True, expert_tokens_num_type=1)),
+                                                               expert_tokens_num_flag=True, expert_tokens_num_type=1,
+                                                               quant_mode=-1)),
         (ops.npu_moe_token_unpermute.default, (torch.randn(12, 8).npu(), torch.randperm(12).int().npu(),
                                                torch.rand(6, 2).npu()), {}),
         (ops.npu_dynamic_quant.default, (x.half(),), dict(dst_type=torch.quint4x2)),

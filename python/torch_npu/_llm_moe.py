@@ -259,9 +259,11 @@ def npu_moe_gating_top_k_softmax(x, finished=None, k=1):
 
 def npu_moe_init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_num=-1, expert_capacity=-1,
                             expert_num=-1, drop_pad_mode=0, expert_tokens_num_type=0, expert_tokens_num_flag=False,
-                            quant_mode=-1, active_expert_range=[], row_idx_type=0):  # noqa: B006 (Ascend's default)
+                            quant_mode=0, active_expert_range=[], row_idx_type=0):  # noqa: B006 (Ascend's defaults)
     """``(expanded_x, expanded_row_idx, expert_token_cumsum_or_count, expanded_scale)``: the tokens
-    ordered by expert (optionally int8-quantized), as Ascend's MoeInitRoutingV2 gives them."""
+    ordered by expert (optionally int8-quantized), as Ascend's MoeInitRoutingV2 gives them. As on Ascend,
+    ``quant_mode`` defaults to 0, static int8 quantization (needs ``scale`` and ``offset``); pass -1 to
+    route without quantization, 1 for dynamic int8."""
     return _ops.npu_moe_init_routing_v2(
         x, expert_idx, scale=scale, offset=offset, active_num=active_num, expert_capacity=expert_capacity,
         expert_num=expert_num, drop_pad_mode=drop_pad_mode, expert_tokens_num_type=expert_tokens_num_type,

@@ -602,7 +602,8 @@ RoutingArgs checkRouting(const char* op, const Tensor& x, const Tensor& expert_i
   }
   if (quant_mode == 0) {
     LLM_CHECK(scale.defined() && offset.defined(), op, dev,
-              "static quantization (quant_mode=0) needs scale and offset, each of shape [1]");
+              "static quantization (quant_mode=0, the default, as on Ascend) needs scale and offset, each of "
+              "shape [1]; pass quant_mode=-1 to route without quantization or 1 for dynamic int8");
     LLM_CHECK(offset.dim() == 1 && offset.size(0) == 1 && offset.scalar_type() == at::kFloat, op, dev,
               "offset must be float32 of shape [1], got ", dtypeName(offset.scalar_type()), " ", offset.sizes());
   } else {
@@ -1862,7 +1863,7 @@ TORCH_LIBRARY_FRAGMENT(npu, m) {
   m.def("_npu_moe_gating_top_k_softmax_backward(Tensor grad_y, Tensor x, int k) -> Tensor");
   m.def("npu_moe_init_routing_v2(Tensor x, Tensor expert_idx, *, Tensor? scale=None, Tensor? offset=None, "
         "int active_num=-1, int expert_capacity=-1, int expert_num=-1, int drop_pad_mode=0, "
-        "int expert_tokens_num_type=0, bool expert_tokens_num_flag=False, int quant_mode=-1, "
+        "int expert_tokens_num_type=0, bool expert_tokens_num_flag=False, int quant_mode=0, "
         "int[2] active_expert_range=[], int row_idx_type=0) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("npu_grouped_matmul(Tensor[] x, Tensor[] weight, *, Tensor[]? bias=None, Tensor[]? scale=None, "
         "Tensor[]? offset=None, Tensor[]? antiquant_scale=None, Tensor[]? antiquant_offset=None, "
