@@ -106,6 +106,34 @@ def bert_adam_reference(params, state, lr, warmup, t_total, b1, b2, e, wd, max_n
     state["t"] = t + 1
 
 
+def rmsprop_tf_reference(params, state, lr, alpha, eps, wd, momentum, centered, decoupled, lr_in_momentum):
+    """timm's RMSpropTF, one parameter at a time."""
+    for p in params:
+        g = p.grad
+        sq, gavg, buf = state.setdefault(p, (torch.ones_like(p), torch.zeros_like(p), torch.zeros_like(p)))
+        if wd:
+            if decoupled:
+                p.mul_(1 - lr * wd)
+            else:
+                g = g + wd * p
+        sq.add_((g * g - sq) * (1 - alpha))
+        if centered:
+            gavg.add_((g - gavg) * (1 - alpha))
+            avg = (sq - gavg * gavg + eps).sqrt()
+        else:
+            avg = (sq + eps).sqrt()
+        if momentum > 0:
+            buf.mul_(momentum)
+            if lr_in_momentum:
+                buf.add_(lr * g / avg)
+                p.sub_(buf)
+            else:
+                buf.add_(g / avg)
+                p.sub_(lr * buf)
+        else:
+            p.sub_(lr * g / avg)
+
+
 ASCEND_ONLY = {
     "lamb": (lambda p: torch_npu.optim.NpuFusedLamb(p, lr=0.01, weight_decay=0.01),
              lambda p, s: lamb_reference(p, s, 0.01, (0.9, 0.999), 1e-6, 0.01, False, False)),
@@ -117,6 +145,15 @@ ASCEND_ONLY = {
               lambda p, s: adamp_reference(p, s, 0.01, (0.9, 0.999), 1e-8, 0.1, 0.1, 0.1)),
     "bert_adam": (lambda p: torch_npu.optim.NpuFusedBertAdam(p, lr=0.01, warmup=0.2, t_total=10),
                   lambda p, s: bert_adam_reference(p, s, 0.01, 0.2, 10, 0.9, 0.999, 1e-6, 0.01, 1.0)),
+    "rmsprop_tf": (lambda p: torch_npu.optim.NpuFusedRMSpropTF(p, lr=0.01, weight_decay=0.01),
+                   lambda p, s: rmsprop_tf_reference(p, s, 0.01, 0.9, 1e-10, 0.01, 0, False, False, True)),
+    "rmsprop_tf_momentum_centered": (
+        lambda p: torch_npu.optim.NpuFusedRMSpropTF(p, lr=0.01, momentum=0.9, centered=True, weight_decay=0.01,
+                                                    decoupled_decay=True),
+        lambda p, s: rmsprop_tf_reference(p, s, 0.01, 0.9, 1e-10, 0.01, 0.9, True, True, True)),
+    "rmsprop_tf_lr_after_momentum": (
+        lambda p: torch_npu.optim.NpuFusedRMSpropTF(p, lr=0.01, momentum=0.5, lr_in_momentum=False),
+        lambda p, s: rmsprop_tf_reference(p, s, 0.01, 0.9, 1e-10, 0, 0.5, False, False, False)),
 }
 
 
@@ -158,6 +195,21 @@ def test_ascend_only_optimizers_check_their_arguments():
         torch_npu.optim.NpuFusedBertAdam(p, lr=0.1, schedule="cosine")
     with pytest.raises(ValueError, match="NpuFusedLamb: invalid beta parameter at index 1"):
         torch_npu.optim.NpuFusedLamb(p, betas=(0.9, 1.0))
+    with pytest.raises(ValueError, match="NpuFusedRMSpropTF: invalid momentum value: -0.5"):
+        torch_npu.optim.NpuFusedRMSpropTF(p, momentum=-0.5)
+
+
+def test_rmsprop_tf_differs_from_pytorchs_rmsprop():
+    """The TF form (square average from ones, eps inside the root) is not torch.optim.RMSprop's:
+    a test that compared it with PyTorch's could not tell the two apart otherwise."""
+    a = torch.nn.Parameter(torch.ones(4, device="npu"))
+    b = torch.nn.Parameter(torch.ones(4))
+    a.grad, b.grad = torch.full((4,), 0.5, device="npu"), torch.full((4,), 0.5)
+    torch_npu.optim.NpuFusedRMSpropTF([a], lr=0.1).step()
+    torch.optim.RMSprop([b], lr=0.1, alpha=0.9, eps=1e-10).step()
+    # TF: 1 - 0.1 * 0.5 / sqrt(0.9 + 0.025); PyTorch: 1 - 0.1 * 0.5 / sqrt(0.025)
+    torch.testing.assert_close(a.detach().cpu(), torch.full((4,), 1 - 0.05 / 0.925 ** 0.5))
+    torch.testing.assert_close(b.detach(), torch.full((4,), 1 - 0.05 / 0.025 ** 0.5))
 
 
 @pytest.mark.parametrize("make", [

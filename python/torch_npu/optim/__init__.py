@@ -2,16 +2,16 @@
 ``optim="adamw_torch_npu_fused"``): each is PyTorch's optimizer with the Ascend signature and
 defaults, stepping all parameters of a group as one fused (``_fused_*_``) or multi-tensor
 (``_foreach_*``) kernel per step on the npu. Results equal PyTorch's. NpuFusedLamb,
-NpuFusedAdamP and NpuFusedBertAdam, which PyTorch has no counterpart for, follow the Ascend
-adapter's update rules (``_ascend_only.py``).
+NpuFusedAdamP, NpuFusedBertAdam and NpuFusedRMSpropTF, which PyTorch has no counterpart for,
+follow the Ascend adapter's update rules (``_ascend_only.py``).
 """
 import torch
 from torch.optim.optimizer import required
 
-from ._ascend_only import NpuFusedAdamP, NpuFusedBertAdam, NpuFusedLamb
+from ._ascend_only import NpuFusedAdamP, NpuFusedBertAdam, NpuFusedLamb, NpuFusedRMSpropTF
 
 __all__ = ["NpuFusedAdam", "NpuFusedAdamW", "NpuFusedSGD", "NpuFusedRMSprop", "NpuFusedAdadelta", "NpuFusedLamb",
-           "NpuFusedAdamP", "NpuFusedBertAdam"]
+           "NpuFusedAdamP", "NpuFusedBertAdam", "NpuFusedRMSpropTF"]
 
 
 class NpuFusedAdamW(torch.optim.AdamW):

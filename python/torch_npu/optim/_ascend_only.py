@@ -1,5 +1,6 @@
 """The Ascend adapter's optimisers that PyTorch has no counterpart for: NpuFusedLamb,
-NpuFusedAdamP and NpuFusedBertAdam, with its signatures, defaults and update rules.
+NpuFusedAdamP, NpuFusedBertAdam and NpuFusedRMSpropTF, with its signatures, defaults and
+update rules.
 
 Each step is a few multi-tensor (``_foreach_*``) kernels per group; the per-parameter
 decisions of the rules (LAMB's trust ratio, AdamP's projection, BertAdam's clipping) are
@@ -10,7 +11,7 @@ import math
 import torch
 from torch.optim.optimizer import required
 
-__all__ = ["NpuFusedLamb", "NpuFusedAdamP", "NpuFusedBertAdam"]
+__all__ = ["NpuFusedLamb", "NpuFusedAdamP", "NpuFusedBertAdam", "NpuFusedRMSpropTF"]
 
 
 def _check(name, ok, message):
@@ -249,4 +250,80 @@ class NpuFusedBertAdam(torch.optim.Optimizer):
                 torch._foreach_add_(same_dtype, updates, alpha=-lr)
                 for p in same_dtype:
                     self.state[p]["step"] += 1
+        return loss
+
+
+class NpuFusedRMSpropTF(torch.optim.Optimizer):
+    """RMSprop as TensorFlow computes it (the Ascend adapter's NpuFusedRMSpropTF, after timm's
+    RMSpropTF). Unlike ``torch.optim.RMSprop``: the square average starts at ones, ``eps`` is
+    added inside the square root, and with ``lr_in_momentum`` the momentum buffer accumulates
+    ``lr * g / avg`` and is subtracted whole. ``decoupled_decay`` shrinks the parameters by
+    ``lr * weight_decay`` instead of adding ``weight_decay * p`` to the gradient.
+    """
+
+    def __init__(self, params, lr=1e-2, alpha=0.9, eps=1e-10, weight_decay=0, momentum=0., centered=False,
+                 decoupled_decay=False, lr_in_momentum=True):
+        for name, value in (("learning rate", lr), ("alpha", alpha), ("epsilon", eps),
+                            ("weight_decay", weight_decay), ("momentum", momentum)):
+            _check("NpuFusedRMSpropTF", value >= 0.0, f"invalid {name} value: {value}")
+        super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
+                                      centered=centered, decoupled_decay=decoupled_decay,
+                                      lr_in_momentum=lr_in_momentum))
+
+    def _state(self, params, group):
+        """(square_avgs, grad_avgs, momentum_buffers) of the group's parameters; steps advance."""
+        square_avgs, grad_avgs, buffers = [], [], []
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["step"] = 0
+                state["square_avg"] = torch.ones_like(p, memory_format=torch.preserve_format)
+                if group["momentum"] > 0:
+                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if group["centered"]:
+                    state["grad_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["step"] += 1
+            square_avgs.append(state["square_avg"])
+            grad_avgs.append(state.get("grad_avg"))
+            buffers.append(state.get("momentum_buffer"))
+        return square_avgs, grad_avgs, buffers
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = _dense_grads("NpuFusedRMSpropTF", group)
+            if not params:
+                continue
+            lr, alpha, eps, wd, momentum = (group[k] for k in ("lr", "alpha", "eps", "weight_decay", "momentum"))
+            square_avgs, grad_avgs, buffers = self._state(params, group)
+            grads = [p.grad for p in params]
+            if wd != 0:
+                if group["decoupled_decay"]:
+                    torch._foreach_mul_(params, 1 - lr * wd)
+                else:
+                    grads = torch._foreach_add(grads, params, alpha=wd)
+            # square_avg += (1 - alpha) * (g^2 - square_avg)
+            torch._foreach_add_(square_avgs, torch._foreach_sub(torch._foreach_mul(grads, grads), square_avgs),
+                                alpha=1 - alpha)
+            if group["centered"]:
+                torch._foreach_add_(grad_avgs, torch._foreach_sub(grads, grad_avgs), alpha=1 - alpha)
+                avgs = torch._foreach_addcmul(square_avgs, grad_avgs, grad_avgs, value=-1)
+                torch._foreach_add_(avgs, eps)
+            else:
+                avgs = torch._foreach_add(square_avgs, eps)
+            torch._foreach_sqrt_(avgs)
+            if momentum > 0:
+                torch._foreach_mul_(buffers, momentum)
+                if group["lr_in_momentum"]:
+                    torch._foreach_addcdiv_(buffers, grads, avgs, value=lr)
+                    torch._foreach_sub_(params, buffers)
+                else:
+                    torch._foreach_addcdiv_(buffers, grads, avgs)
+                    torch._foreach_add_(params, buffers, alpha=-lr)
+            else:
+                torch._foreach_addcdiv_(params, grads, avgs, value=-lr)
         return loss
