@@ -69,6 +69,18 @@ def test_a_mem_pool_takes_its_segments_from_the_library(library):
     assert frees == allocs and held == 0  # the pool's segments went back to the library
 
 
+def test_memory_of_a_pluggable_allocator_is_not_sent_to_another_process(library):
+    from multiprocessing.reduction import ForkingPickler
+    allocator = torch.npu.memory.NPUPluggableAllocator(library, "counting_alloc", "counting_free")
+    pool = torch.npu.MemPool(allocator.allocator())
+    with torch.npu.use_mem_pool(pool):
+        x = torch.ones(16, device="npu")
+    with pytest.raises(RuntimeError, match=r"came from a pluggable allocator .* send tensor.cpu\(\)"):
+        ForkingPickler.dumps(x)
+    ForkingPickler.dumps(torch.ones(16, device="npu"))  # the device's memory still goes
+    del x, pool
+
+
 def test_change_current_allocator_serves_every_allocation(library):
     out = run_python(f"""
         import ctypes, torch

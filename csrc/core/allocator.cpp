@@ -247,6 +247,13 @@ class DeviceCache {
  public:
   explicit DeviceCache(c10::DeviceIndex device) : device_(device), stats_(freshStats()) {}
 
+  // Whether `block`'s segment came from a pluggable allocator.
+  bool fromPluggableAllocator(const Block* block) const {
+    while (block->prev != nullptr) block = block->prev;
+    auto record = segments_.find(block->ptr);
+    return record != segments_.end() && record->second.source != nullptr;
+  }
+
   // nullptr when the device is out of memory even after freeing the cache.
   // `for_host`: the memory is written at once by host code holding the
   // stream, so only blocks whose earlier work on the stream completed will do.
@@ -1392,6 +1399,12 @@ class NPUCachingAllocator final : public c10::DeviceAllocator {
     return it == allocated_.end() ? 0 : it->second.first->size;
   }
 
+  bool fromPluggableAllocator(const void* ptr) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = allocated_.find(const_cast<void*>(ptr));
+    return it != allocated_.end() && deviceCache(it->second.second).fromPluggableAllocator(it->second.first);
+  }
+
  private:
   static void deleteBlock(void* ptr);
 
@@ -1648,6 +1661,7 @@ std::string memorySummary(c10::DeviceIndex device) { return g_allocator->summary
 void recordStream(const c10::DataPtr& ptr, c10::Stream stream) { g_allocator->recordStream(ptr, stream); }
 c10::DeviceIndex deviceOf(const void* ptr) { return g_allocator->deviceOf(ptr); }
 std::size_t blockSize(const void* ptr) { return g_allocator->blockSize(ptr); }
+bool fromPluggableAllocator(const void* ptr) { return g_allocator->fromPluggableAllocator(ptr); }
 
 c10::MempoolId_t newPoolId(bool user_created) {
   static std::atomic<c10::CaptureId_t> graph_ids{1};

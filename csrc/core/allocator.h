@@ -64,6 +64,8 @@ void recordStream(const c10::DataPtr& ptr, c10::Stream stream);
 c10::DeviceIndex deviceOf(const void* ptr);
 // The size of the caching allocator's block holding `ptr` (0 if not ours).
 std::size_t blockSize(const void* ptr);
+// Whether the block at `ptr` lies in a segment a pluggable allocator gave.
+bool fromPluggableAllocator(const void* ptr);
 
 // ---- private memory pools (CUDA's graph pools and torch.cuda.MemPool) ---------------------
 // A pool owns its own segments: blocks allocated while it is active come from them,

@@ -18,6 +18,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "allocator.h"
 #include "device.h"
 #include "stream.h"
 
@@ -294,6 +295,11 @@ SharedStorage shareStorage(const c10::Storage& storage) {
   TORCH_CHECK(current.get_deleter() != &deleteReceived,
               "sending an npu tensor to another process: this tensor's memory was received from another process and "
               "cannot be sent on; send it from the process that made it, or send a .clone()");
+  TORCH_CHECK(!allocator::fromPluggableAllocator(current.get()),
+              "sending an npu tensor to another process: this tensor's memory came from a pluggable allocator "
+              "(torch.npu.memory.NPUPluggableAllocator, through change_current_allocator or a MemPool), whose memory "
+              "the npu cannot share with another process; send tensor.cpu() and move it to the npu in the receiving "
+              "process");
   SharedStorage out;
   out.device = device;
   out.storage_bytes = impl->nbytes();
