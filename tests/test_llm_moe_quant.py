@@ -479,6 +479,60 @@ def test_grouped_matmul_checks():
         torch_npu.npu_grouped_matmul([x], [w], group_list=gl, group_type=0, split_item=3, act_type=1)
 
 
+# ---- npu_moe_token_permute --------------------------------------------------------------
+
+def permute_ref(tokens, indices, num_out=None):
+    """Ascend's formulas, pair by pair: pairs ordered by expert, ties in pair order."""
+    topk = 1 if indices.dim() == 1 else indices.shape[1]
+    flat = indices.flatten().tolist()
+    order = sorted(range(len(flat)), key=lambda pair: (flat[pair], pair))
+    landed = [0] * len(flat)
+    for row, pair in enumerate(order):
+        landed[pair] = row
+    rows = order[:num_out] if num_out else order
+    return tokens[[pair // topk for pair in rows]], torch.tensor(landed, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int8])
+@pytest.mark.parametrize("device", DEVICES)
+def test_token_permute_orders_pairs_by_expert(dtype, device):
+    torch.manual_seed(0)
+    tokens = (torch.randn(12, 16) * 20).to(dtype)
+    for indices, num_out in [(torch.randint(0, 4, (12, 3)), None), (torch.randint(0, 4, (12, 3), dtype=torch.int32), 0),
+                             (torch.randint(0, 6, (12,)), 7), (torch.randint(0, 4, (12, 2)), -5)]:
+        permuted, sorted_indices = torch_npu.npu_moe_token_permute(tokens.to(device), indices.to(device), num_out)
+        expected, expected_indices = permute_ref(tokens, indices, num_out)
+        assert permuted.device.type == device and sorted_indices.dtype == torch.int32
+        assert torch.equal(permuted.cpu(), expected) and torch.equal(sorted_indices.cpu(), expected_indices)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_token_permute_then_unpermute_and_the_gradient(dtype):
+    torch.manual_seed(0)
+    tokens, indices, probs = torch.randn(8, 16).to(dtype), torch.randint(0, 4, (8, 2)), torch.rand(8, 2).to(dtype)
+    tn, tr = tokens.npu().requires_grad_(), tokens.float().clone().requires_grad_()
+    permuted, sorted_indices = torch_npu.npu_moe_token_permute(tn, indices.npu())
+    restored = torch_npu.npu_moe_token_unpermute(permuted, sorted_indices, probs.npu())
+    torch.testing.assert_close(restored.float().cpu(), tokens.float() * probs.float().sum(1, keepdim=True),
+                               **tol(dtype))
+    g = torch.randn(16, 16)                        # 16 = the rows kept of 8 * 2
+    (permuted.float() * g.npu()).sum().backward()
+    (permute_ref(tr, indices)[0] * g).sum().backward()
+    torch.testing.assert_close(tn.grad.float().cpu(), tr.grad, **tol(dtype))
+
+
+def test_token_permute_checks():
+    tokens, idx = torch.randn(4, 8).npu(), torch.zeros(4, 2, dtype=torch.int64).npu()
+    with pytest.raises(RuntimeError, match=r"npu::npu_moe_token_permute \(npu:0\): padded_mode=True"):
+        torch_npu.npu_moe_token_permute(tokens, idx, padded_mode=True)
+    with pytest.raises(RuntimeError, match="indices must be int32 or int64 of shape \\[4\\] or \\[4, topk\\]"):
+        torch_npu.npu_moe_token_permute(tokens, idx.float())
+    with pytest.raises(RuntimeError, match="tokens must be float16, bfloat16, float32 or int8"):
+        torch_npu.npu_moe_token_permute(tokens.double(), idx)
+    with pytest.raises(RuntimeError, match=r"topk \(indices.size\(1\)\) must be in \[1, 512\], got 600"):
+        torch_npu.npu_moe_token_permute(tokens, torch.zeros(4, 600, dtype=torch.int64).npu())
+
+
 # ---- npu_moe_token_unpermute ------------------------------------------------------------
 
 def unpermute_ref(permuted, sorted_indices, probs):
@@ -733,6 +787,7 @@ def compile_cases():
         ("gmm_list", lambda: torch_npu.npu_grouped_matmul([x, x], [w[0], w[1]], group_type=-1)),
         ("unpermute", lambda: torch_npu.npu_moe_token_unpermute(torch.cat([x, x]), torch.arange(16).int().npu(),
                                                                 x[:, :2])),
+        ("permute", lambda: torch_npu.npu_moe_token_permute(x, idx, 12)),
         ("dynamic_quant", lambda: torch_npu.npu_dynamic_quant(x.bfloat16())),
         ("quant_matmul", lambda: torch_npu.npu_quant_matmul(xq, xq.t(), s.bfloat16(), pertoken_scale=s,
                                                             output_dtype=torch.bfloat16)),
@@ -741,8 +796,8 @@ def compile_cases():
     ]
 
 
-COMPILE_CASES = ["gating", "routing", "gmm", "gmm_list", "unpermute", "dynamic_quant", "quant_matmul", "int4pack",
-                 "trans_quant_param"]
+COMPILE_CASES = ["gating", "routing", "gmm", "gmm_list", "unpermute", "permute", "dynamic_quant", "quant_matmul",
+                 "int4pack", "trans_quant_param"]
 
 
 @pytest.mark.parametrize("name", COMPILE_CASES)
@@ -788,6 +843,7 @@ def test_opcheck_fake_tensors():
                                                                quant_mode=-1)),
         (ops.npu_moe_token_unpermute.default, (torch.randn(12, 8).npu(), torch.randperm(12).int().npu(),
                                                torch.rand(6, 2).npu()), {}),
+        (ops.npu_moe_token_permute.default, (x, idx, 10), {}),
         (ops.npu_dynamic_quant.default, (x.half(),), dict(dst_type=torch.quint4x2)),
         (ops.npu_quant_matmul.default, (xq, xq.t(), torch.rand(6).npu()), dict(output_dtype=torch.float16)),
     ]

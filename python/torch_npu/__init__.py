@@ -72,6 +72,7 @@ from ._llm_moe import (  # noqa: E402
     npu_grouped_matmul,
     npu_moe_gating_top_k_softmax,
     npu_moe_init_routing_v2,
+    npu_moe_token_permute,
     npu_moe_token_unpermute,
     npu_quant_matmul,
     npu_trans_quant_param,

@@ -11,6 +11,9 @@ code differentiates through them, and the public names.
   the backward is itself grouped matmuls (along m for x, along k for weight).
 - ``npu_moe_init_routing_v2``: unquantized, the gradient of the row gather to x (and scale).
 - ``npu_moe_token_unpermute``: backward is ``npu_moe_token_unpermute_grad``.
+- ``npu_moe_token_permute``: defined here, as a composition of aten ops the npu runs
+  natively (a stable argsort and a row gather), so autograd, compile and the meta
+  kernels come from theirs.
 """
 import torch
 
@@ -18,6 +21,7 @@ __all__ = [
     "npu_moe_gating_top_k_softmax",
     "npu_moe_init_routing_v2",
     "npu_grouped_matmul",
+    "npu_moe_token_permute",
     "npu_moe_token_unpermute",
     "npu_dynamic_quant",
     "npu_quant_matmul",
@@ -242,6 +246,40 @@ def _gmm_autograd_kernel(op):
     return kernel
 
 
+# ---- npu_moe_token_permute ----------------------------------------------------------------
+
+def _permute_check(ok, tokens, message):
+    if not ok:
+        raise RuntimeError(f"npu::npu_moe_token_permute ({tokens.device}): {message}")
+
+
+def _token_permute(tokens, indices, num_out_tokens=None, padded_mode=False):
+    """(permuted_tokens, sorted_indices): the (token, slot) pairs of ``indices`` ordered by
+    expert, stably; ``sorted_indices[pair]`` is the row the pair lands on (int32), the index
+    npu_moe_token_unpermute takes. ``num_out_tokens`` keeps that many rows (0 or None: all;
+    negative: as a slice end)."""
+    _permute_check(not padded_mode, tokens, "padded_mode=True is not supported by Ascend's kernel; pass "
+                   "padded_mode=False (tokens routed without capacity padding)")
+    _permute_check(tokens.dim() == 2, tokens, f"tokens must be 2-d [tokens, hidden], got {tuple(tokens.shape)}")
+    _permute_check(tokens.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.int8), tokens,
+                   f"tokens must be float16, bfloat16, float32 or int8, got {tokens.dtype}")
+    _permute_check(indices.dtype in (torch.int32, torch.int64) and indices.dim() in (1, 2)
+                   and indices.shape[0] == tokens.shape[0], tokens,
+                   f"indices must be int32 or int64 of shape [{tokens.shape[0]}] or [{tokens.shape[0]}, topk], got "
+                   f"{indices.dtype} {tuple(indices.shape)}")
+    topk = 1 if indices.dim() == 1 else indices.shape[1]
+    _permute_check(1 <= topk <= 512, tokens, f"topk (indices.size(1)) must be in [1, 512], got {topk}")
+    order = torch.argsort(indices.reshape(-1), stable=True)
+    sorted_indices = torch.argsort(order).to(torch.int32)
+    kept = order[:num_out_tokens] if num_out_tokens else order
+    return tokens.index_select(0, kept // topk), sorted_indices
+
+
+_def = torch.library.Library("npu", "FRAGMENT")
+_def.define("npu_moe_token_permute(Tensor tokens, Tensor indices, int? num_out_tokens=None, bool padded_mode=False) "
+            "-> (Tensor, Tensor)")
+_def.impl("npu_moe_token_permute", _token_permute, "CompositeImplicitAutograd")
+
 _lib = torch.library.Library("npu", "IMPL")
 _lib.impl("npu_moe_gating_top_k_softmax", _gating_autograd_kernel, "Autograd")
 _lib.impl("npu_moe_init_routing_v2", _init_routing_autograd_kernel(_ops.npu_moe_init_routing_v2.default), "Autograd")
@@ -285,6 +323,12 @@ def npu_grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiqua
     if isinstance(group_list, (list, tuple)):
         return _ops.npu_grouped_matmul.List(list(x), list(weight), **kwargs)
     return _ops.npu_grouped_matmul(list(x), list(weight), tuning_config=tuning_config, **kwargs)
+
+
+def npu_moe_token_permute(tokens, indices, num_out_tokens=None, padded_mode=False):
+    """``(permuted_tokens, sorted_indices)``: ``permuted_tokens[sorted_indices[t * topk + j]] = tokens[t]``,
+    rows ordered by expert (``indices[t, j]``), the first ``num_out_tokens`` kept."""
+    return _ops.npu_moe_token_permute(tokens, indices, num_out_tokens, padded_mode)
 
 
 def npu_moe_token_unpermute(permuted_tokens, sorted_indices, probs=None, padded_mode=False, restore_shape=None):
