@@ -229,6 +229,81 @@ def test_incre_flash_attention_paged_kv_cache(dtype, cache):
         torch.testing.assert_close(got[b:b + 1], expected, **tol(dtype))
 
 
+def int8_cache(k, v, seed=1):
+    """int8 k/v [B, KVN, S, D] with per-channel (head, dim) scales and offsets [2, KVN, D], and the
+    float k/v they stand for: (x + offset) * scale, computed as the chip does, in the query's dtype."""
+    g = torch.Generator().manual_seed(seed)
+    kq = torch.randint(-128, 128, k.shape, dtype=torch.int8, generator=g)
+    vq = torch.randint(-128, 128, v.shape, dtype=torch.int8, generator=g)
+    scale = (torch.rand(2, k.size(1), k.size(-1), generator=g) * 0.02 + 0.005).to(k.dtype)
+    offset = torch.randint(-4, 5, (2, k.size(1), k.size(-1)), generator=g).to(k.dtype)
+
+    def dequantized(x, which):
+        return (x.to(k.dtype) + offset[which].unsqueeze(1)) * scale[which].unsqueeze(1)
+    return kq, vq, scale, offset, dequantized(kq, 0), dequantized(vq, 1)
+
+
+def antiquant_shape(t, layout):
+    """[2, KVN, D] -> the shape Ascend documents for the layout."""
+    return {"BSH": t.reshape(2, -1), "BSND": t, "BNSD": t.unsqueeze(2)}[layout].contiguous()
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("layout", ["BSH", "BSND", "BNSD"])
+def test_incre_flash_attention_int8_kv_cache_with_antiquant(dtype, layout):
+    q, k, v = inputs(dtype, sq=1, skv=12)
+    kq, vq, scale, offset, kd, vd = int8_cache(k, v)
+    out = torch_npu.npu_incre_flash_attention(
+        to_layout(q, layout).npu(), to_layout(kq, layout).npu(), to_layout(vq, layout).npu(),
+        antiquant_scale=antiquant_shape(scale, layout).npu(), antiquant_offset=antiquant_shape(offset, layout).npu(),
+        num_heads=N, num_key_value_heads=KVN, scale_value=0.17, input_layout=layout)
+    expected, _ = reference(q, kd, vd, 0.17)
+    torch.testing.assert_close(from_layout(out.cpu().float(), layout, N), expected, **tol(dtype))
+    # the offset matters: without it the result is another one
+    no_offset = torch_npu.npu_incre_flash_attention(
+        to_layout(q, layout).npu(), to_layout(kq, layout).npu(), to_layout(vq, layout).npu(),
+        antiquant_scale=antiquant_shape(scale, layout).npu(), num_heads=N, num_key_value_heads=KVN,
+        scale_value=0.17, input_layout=layout)
+    assert not torch.allclose(no_offset.cpu().float(), out.cpu().float(), **tol(dtype))
+
+
+@pytest.mark.parametrize("cache", ["BnBsH", "BnNBsD"])
+def test_paged_int8_kv_cache_with_antiquant(cache):
+    dtype, lengths = torch.float16, [20, 37]
+    q, k, v = inputs(dtype, sq=1, skv=37)
+    kq, vq, scale, offset, kd, vd = int8_cache(k, v)
+    kc, vc, table = paged(kq, vq, lengths, 32, head_major=cache == "BnNBsD")
+    layout = "BNSD" if cache == "BnNBsD" else "BSH"
+    common = dict(block_table=table.npu(), block_size=32, num_heads=N, num_key_value_heads=KVN,
+                  antiquant_scale=antiquant_shape(scale, layout).npu(),
+                  antiquant_offset=antiquant_shape(offset, layout).npu())
+    ifa = torch_npu.npu_incre_flash_attention(to_layout(q, layout).npu(), kc.npu(), vc.npu(), scale_value=0.2,
+                                              actual_seq_lengths=lengths, input_layout=layout, **common)
+    fia, _ = torch_npu.npu_fused_infer_attention_score(to_layout(q, layout).npu(), kc.npu(), vc.npu(), scale=0.2,
+                                                       actual_seq_lengths_kv=lengths, input_layout=layout, **common)
+    for out in (ifa, fia):
+        got = from_layout(out.cpu().float(), layout, N)
+        for b, n in enumerate(lengths):
+            expected, _ = reference(q[b:b + 1], kd[b:b + 1, :, :n], vd[b:b + 1, :, :n], 0.2)
+            torch.testing.assert_close(got[b:b + 1], expected, **tol(dtype))
+
+
+def test_antiquant_errors_name_op_and_remedy():
+    q, k, v = (t.npu() for t in inputs(torch.float16, sq=1, skv=8))
+    kq, vq = k.to(torch.int8), v.to(torch.int8)
+    scale = torch.ones(2, KVN, 1, D, dtype=torch.float16).npu()
+    ifa, fia = torch_npu.npu_incre_flash_attention, torch_npu.npu_fused_infer_attention_score
+    with pytest.raises(RuntimeError, match="antiquant_scale and antiquant_offset are for an int8 key and value"):
+        ifa(q, k, v, antiquant_scale=scale, num_heads=N, num_key_value_heads=KVN, input_layout="BNSD")
+    with pytest.raises(RuntimeError, match=r"per channel, \[2, \[2, 1, 32\]\] \(or \[2, 64\]\) of query's dtype"):
+        ifa(q, kq, vq, antiquant_scale=scale.float(), num_heads=N, num_key_value_heads=KVN, input_layout="BNSD")
+    with pytest.raises(RuntimeError, match="antiquant_mode 1 \\(per token\\) is not supported.*use 0"):
+        fia(q, kq, vq, antiquant_scale=scale, antiquant_mode=1, num_heads=N, num_key_value_heads=KVN,
+            input_layout="BNSD")
+    with pytest.raises(RuntimeError, match="key_antiquant_scale is not supported"):
+        fia(q, kq, vq, key_antiquant_scale=scale, num_heads=N, num_key_value_heads=KVN, input_layout="BNSD")
+
+
 # ---- npu_fused_infer_attention_score (and _v2) ----------------------------------------------------
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
@@ -353,7 +428,7 @@ def test_attention_errors_name_op_and_remedy():
     fia = torch_npu.npu_fused_infer_attention_score
     with pytest.raises(RuntimeError, match="npu_prompt_flash_attention: query must be float16 or bfloat16.*npu"):
         torch_npu.npu_prompt_flash_attention(q.float(), k.float(), v.float(), num_heads=N, input_layout="BNSD")
-    with pytest.raises(RuntimeError, match="int8 key/value .* dequantize"):
+    with pytest.raises(RuntimeError, match="int8 key and value .* need antiquant_scale"):
         torch_npu.npu_incre_flash_attention(q[:, :, :1], k.to(torch.int8), v.to(torch.int8), num_heads=N,
                                             input_layout="BNSD")
     with pytest.raises(RuntimeError, match="input_layout 'SBH' is not supported.*use one of BSH"):

@@ -26,6 +26,7 @@
 #include <ATen/ops/full.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/zeros.h>
+#include <c10/util/accumulate.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -827,11 +828,52 @@ void checkInferenceDtypes(const char* op, const at::Tensor& q, const at::Tensor&
               "or bfloat16 (the dtypes the Ascend operator takes), got ", q.scalar_type(), " on ", q.device(),
               "; cast with .half() or .bfloat16()");
   for (const at::Tensor* t : {&k, &v}) {
-    TORCH_CHECK(t->scalar_type() != at::kChar, "npu::", op, ": int8 key/value (KV antiquant) is not supported on "
-                "the npu device; dequantize the cache to query's dtype ", q.scalar_type());
+    TORCH_CHECK(t->scalar_type() != at::kChar, "npu::", op, ": an int8 key and value (KV antiquant) need "
+                "antiquant_scale (and optionally antiquant_offset), per channel, to be read in query's dtype ",
+                q.scalar_type());
     TORCH_CHECK(t->scalar_type() == q.scalar_type(), "npu::", op, ": key and value must have query's dtype ",
                 q.scalar_type(), ", got ", t->scalar_type(), " on ", t->device());
   }
+}
+
+// KV antiquant: an int8 cache with per-channel antiquant_scale and antiquant_offset
+// ([0] the key's, [1] the value's) is read as (x + offset) * scale in query's dtype,
+// as the chip dequantizes it on the fly (and as npu_grouped_matmul its int8 weights).
+// Without an int8 cache both must be None. Runs after parseLayout (the scale's shape
+// follows the layout).
+void dequantizeKv(Request& r, const at::Tensor& scale, const at::Tensor& offset) {
+  const bool int8k = r.k.scalar_type() == at::kChar, int8v = r.v.scalar_type() == at::kChar;
+  if (!scale.defined() && !offset.defined()) return;  // an int8 cache is refused by checkInferenceDtypes
+  TORCH_CHECK(int8k && int8v, "npu::", r.op, ": antiquant_scale and antiquant_offset are for an int8 key and "
+              "value, got ", r.k.scalar_type(), " and ", r.v.scalar_type(), "; pass None");
+  TORCH_CHECK(scale.defined(), "npu::", r.op, ": antiquant_offset needs antiquant_scale");
+  // One scale per key/value channel, broadcast over the cache: [H] for 3-D caches, [N, D]
+  // for BSND, [N, 1, D] for BNSD and head-major paged caches.
+  const at::Tensor& k = r.k;
+  TORCH_CHECK(k.dim() == 3 || k.dim() == 4, "npu::", r.op, ": key must be 3-D or 4-D, got ", k.sizes());
+  std::vector<int64_t> channel;
+  if (k.dim() == 3) {
+    channel = {k.size(2)};
+  } else if (r.in == Layout::BSND && !r.blockTable.defined()) {
+    channel = {k.size(2), k.size(3)};
+  } else {
+    channel = {k.size(1), 1, k.size(3)};
+  }
+  const int64_t channels = c10::multiply_integers(channel);
+  for (const at::Tensor* t : {&scale, &offset}) {
+    if (!t->defined()) continue;
+    TORCH_CHECK(t->dim() >= 2 && t->size(0) == 2 && t->numel() == 2 * channels && t->scalar_type() == r.q.scalar_type(),
+                "npu::", r.op, ": antiquant_scale and antiquant_offset are per channel, [2, ",
+                c10::IntArrayRef(channel), "] (or [2, ", channels, "]) of query's dtype ", r.q.scalar_type(),
+                ", got ", t->sizes(), " ", t->scalar_type(), "; per-token antiquant is not supported on the npu");
+  }
+  auto dequantize = [&](const at::Tensor& x, int64_t which) {
+    at::Tensor y = x.to(r.q.scalar_type());
+    if (offset.defined()) y = y.add(offset.select(0, which).reshape(channel));
+    return y.mul(scale.select(0, which).reshape(channel));
+  };
+  r.k = dequantize(r.k, 0);
+  r.v = dequantize(r.v, 1);
 }
 
 // input_layout of the inference operators: "X" or "X_Y" (input X, output Y).
@@ -905,21 +947,22 @@ Request promptRequest(const Args& a) {
 Request increRequest(const Args& a) {
   Request r;
   r.op = "npu_incre_flash_attention";
-  a.refuse(r.op, {"padding_mask", "antiquant_scale", "antiquant_offset", "dequant_scale1", "quant_scale1",
-                  "dequant_scale2", "quant_scale2", "quant_offset2", "kv_padding_size"},
-           "int8 quantization and left padding; padding_mask is reserved");
+  a.refuse(r.op, {"padding_mask", "dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2",
+                  "quant_offset2", "kv_padding_size"},
+           "int8 queries and results, and left padding; padding_mask is reserved");
   r.q = a.tensor("query");
   r.k = a.tensor("key");
   r.v = a.tensor("value");
-  checkInferenceDtypes(r.op, r.q, r.k, r.v);
+  r.blockTable = a.tensor("block_table");
   parseLayout(r, a.str("input_layout"), {"BSH", "BSND", "BNSD"});
+  dequantizeKv(r, a.tensor("antiquant_scale"), a.tensor("antiquant_offset"));
+  checkInferenceDtypes(r.op, r.q, r.k, r.v);
   r.heads = a.integer("num_heads");
   r.kvHeads = a.integer("num_key_value_heads");
   r.scale = a.real("scale_value");
   r.mask = a.tensor("atten_mask");
   r.pse = a.tensor("pse_shift");
   r.kvLensCount = a.length("actual_seq_lengths");  // the key/value lengths, for this operator
-  r.blockTable = a.tensor("block_table");
   r.blockSize = a.integer("block_size");
   r.decodeMaskShapes = true;
   return r;
@@ -929,17 +972,22 @@ Request fusedInferRequest(const Args& a) {
   Request r;
   r.op = "npu_fused_infer_attention_score";
   a.refuse(r.op, {"dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2", "quant_offset2",
-                  "antiquant_scale", "antiquant_offset", "key_antiquant_scale", "key_antiquant_offset",
-                  "value_antiquant_scale", "value_antiquant_offset", "key_rope_antiquant_scale"},
-           "int8 quantization");
+                  "key_antiquant_scale", "key_antiquant_offset", "value_antiquant_scale", "value_antiquant_offset",
+                  "key_rope_antiquant_scale"},
+           "int8 queries and results, and separate key and value antiquant; an int8 cache takes antiquant_scale "
+           "and antiquant_offset");
   a.refuse(r.op, {"query_padding_size", "kv_padding_size", "key_shared_prefix", "value_shared_prefix",
                   "actual_shared_prefix_len", "query_rope", "key_rope"},
            "left padding, shared prefixes and MLA's rope inputs");
+  TORCH_CHECK(!a.given("antiquant_scale") || a.integer("antiquant_mode") == 0, "npu::", r.op, ": antiquant_mode ",
+              a.integer("antiquant_mode"), " (per token) is not supported on the npu device; use 0 (per channel)");
   r.q = a.tensor("query");
   r.k = a.tensor("key");
   r.v = a.tensor("value");
-  checkInferenceDtypes(r.op, r.q, r.k, r.v);
+  r.blockTable = a.tensor("block_table");
   parseLayout(r, a.str("input_layout"), {"BSH", "BSND", "BNSD", "BNSD_BSND", "TND"});
+  dequantizeKv(r, a.tensor("antiquant_scale"), a.tensor("antiquant_offset"));
+  checkInferenceDtypes(r.op, r.q, r.k, r.v);
   r.heads = a.integer("num_heads");
   r.kvHeads = a.integer("num_key_value_heads");
   r.scale = a.real("scale");
@@ -950,7 +998,6 @@ Request fusedInferRequest(const Args& a) {
   r.pse = a.tensor("pse_shift");
   r.qLensCount = a.length("actual_seq_lengths");
   r.kvLensCount = a.length("actual_seq_lengths_kv");
-  r.blockTable = a.tensor("block_table");
   r.blockSize = a.integer("block_size");
   r.wantLse = a.flag("softmax_lse_flag");
   checkSparse(r, {0, 1, 2, 3, 4});
