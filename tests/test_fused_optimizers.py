@@ -224,3 +224,23 @@ def test_a_nan_gradient_stays_in_its_own_elements(make):
     b.grad = torch.full((4,), 0.5, device="npu")
     make([a, b]).step()
     assert torch.isfinite(b.detach()).all() and torch.isfinite(b.grad).all()
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: torch_npu.optim.NpuFusedLamb(p, lr=0.1), lambda p: torch_npu.optim.NpuFusedAdamP(p, lr=0.1),
+    lambda p: torch_npu.optim.NpuFusedBertAdam(p, lr=0.1, max_grad_norm=-1),  # (its clipping is in place)
+    lambda p: torch_npu.optim.NpuFusedRMSpropTF(p, lr=0.1)])
+def test_step_evaluates_the_closure_with_gradients(make):
+    w = torch.nn.Parameter(torch.ones(3, device="npu"))
+    opt = make([w])
+
+    def closure():
+        opt.zero_grad()
+        loss = (w * 2).sum()
+        loss.backward()
+        return loss
+
+    with torch.no_grad():  # as a training loop may call it; the closure still gets gradients
+        loss = opt.step(closure)
+    assert loss.item() == 6.0 and torch.equal(w.grad.cpu(), torch.full((3,), 2.0))
+    assert (w.detach().cpu() < 1).all()  # the step used them

@@ -19,6 +19,14 @@ def _check(name, ok, message):
         raise ValueError(f"torch_npu.optim.{name}: {message}")
 
 
+def _loss_of(closure):
+    """The closure's loss (None without one), computed with gradients on: step() runs under no_grad."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 def _dense_grads(name, group):
     params = [p for p in group["params"] if p.grad is not None]
     for p in params:
@@ -69,10 +77,7 @@ class NpuFusedLamb(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _loss_of(closure)
         groups = [(group, _dense_grads("NpuFusedLamb", group)) for group in self.param_groups]
         scale = None
         if self.use_global_grad_norm:
@@ -145,10 +150,7 @@ class NpuFusedAdamP(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _loss_of(closure)
         for group in self.param_groups:
             params = _dense_grads("NpuFusedAdamP", group)
             if not params:
@@ -220,10 +222,7 @@ class NpuFusedBertAdam(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _loss_of(closure)
         for group in self.param_groups:
             params = _dense_grads("NpuFusedBertAdam", group)
             by_dtype = {}
@@ -290,10 +289,7 @@ class NpuFusedRMSpropTF(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _loss_of(closure)
         for group in self.param_groups:
             params = _dense_grads("NpuFusedRMSpropTF", group)
             if not params:
