@@ -44,6 +44,7 @@
 #include "../../runtime/tracing.h"
 #include "../dtypes.h"
 #include "../host_execution.h"
+#include "on_host.h"
 
 namespace npu::ops {
 namespace {
@@ -82,38 +83,15 @@ at::ScalarType dtypeFromInt(const char* op, c10::Device device, int64_t value, c
   return static_cast<at::ScalarType>(value);
 }
 
-// Runs `compute` on host tensors: for npu inputs inside a HostExecution (so the
-// outputs it allocates are npu memory), for cpu inputs directly. `input` gives
-// a contiguous host tensor, `output` the result for the caller's device. While
-// the profiler records, the kernel carries its projected time on the chip, from
+// onHost (on_host.h) with the kernel's projected time on the chip estimated from
 // `work` (the op's arguments as the profile's estimate reads them; else `tensors`).
 template <class Compute>
-auto onHost(const char* op, const std::vector<Tensor>& tensors, Compute compute,
-            const torch::jit::Stack* work = nullptr) {
-  c10::Device device = at::kCPU;
-  bool found = false;
-  for (const Tensor& t : tensors) {
-    if (!t.defined()) continue;
-    if (!found) {
-      device = t.device();
-      found = true;
-    }
-    TORCH_CHECK(t.device() == device, "Expected all tensors to be on the same device, but found at least two "
-                "devices, ", device, " and ", t.device(), "! (npu::", op, "; move them with .to('", device, "'))");
-  }
-  if (device.type() != kNPU) {
-    return compute([](const Tensor& t) { return t.defined() ? t.contiguous() : t; },
-                   [](const Tensor& t) { return t; });
-  }
-  std::optional<runtime::tracing::Projection> projection;
-  if (C10_UNLIKELY(runtime::tracing::enabled())) {
+auto onHostProjected(const char* op, const std::vector<Tensor>& tensors, Compute compute,
+                     const torch::jit::Stack* work = nullptr) {
+  return onHost(op, tensors, compute, [&] {
     const auto handle = c10::Dispatcher::singleton().findSchemaOrThrow((std::string("npu::") + op).c_str(), "");
-    const torch::jit::Stack stack = work != nullptr ? *work : torch::jit::Stack(tensors.begin(), tensors.end());
-    projection.emplace(profile::projectedKernelNs(handle, stack));
-  }
-  HostExecution exec(device, op);
-  return compute([&](const Tensor& t) { return t.defined() ? exec.alias(t).contiguous() : t; },
-                 [&](const Tensor& t) { return t.defined() ? exec.toNpu(t) : t; });
+    return profile::projectedKernelNs(handle, work != nullptr ? *work : torch::jit::Stack(tensors.begin(), tensors.end()));
+  });
 }
 
 // A float32 copy of a small host parameter tensor (scales, offsets), any float dtype.
@@ -431,7 +409,7 @@ std::tuple<Tensor, Tensor, Tensor> gatingTopKSoftmax(const Tensor& x, const OptT
   constexpr const char* op = "npu_moe_gating_top_k_softmax";
   const Tensor finished = valueOr(finished_opt);
   checkGating(op, x, finished, k);
-  return onHost(op, {x, finished}, [&](auto input, auto output) {
+  return onHostProjected(op, {x, finished}, [&](auto input, auto output) {
     const Tensor xs = input(x);
     const Tensor fs = input(finished);
     const int64_t experts = xs.size(-1);
@@ -477,7 +455,7 @@ void checkGatingBackward(const char* op, const Tensor& grad, const Tensor& x, in
 Tensor gatingTopKSoftmaxBackward(const Tensor& grad, const Tensor& x, int64_t k) {
   constexpr const char* op = "_npu_moe_gating_top_k_softmax_backward";
   checkGatingBackward(op, grad, x, k);
-  return onHost(op, {grad, x}, [&](auto input, auto output) {
+  return onHostProjected(op, {grad, x}, [&](auto input, auto output) {
     const Tensor xs = input(x);
     const Tensor gs = input(grad);
     const int64_t experts = xs.size(-1);
@@ -641,7 +619,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> initRoutingV2(
   const RoutingArgs a = checkRouting(op, x, expert_idx, scale, offset, active_num, expert_capacity, expert_num,
                                      drop_pad_mode, tokens_num_type, tokens_num_flag, quant_mode, active_expert_range,
                                      row_idx_type);
-  return onHost(op, {x, expert_idx, scale, offset}, [&](auto input, auto output) {
+  return onHostProjected(op, {x, expert_idx, scale, offset}, [&](auto input, auto output) {
     const Tensor xs = input(x);
     const Tensor ids = input(expert_idx);
     Tensor ex, eri, counts, escale;
@@ -1171,7 +1149,7 @@ std::vector<Tensor> groupedMatmulImpl(Gmm& g) {
     all.insert(all.end(), l->begin(), l->end());
   all.push_back(g.group_tensor);
   const torch::jit::Stack work{c10::IValue(g.x), c10::IValue(g.weight)};  // the profile's estimate: x @ weight
-  return onHost(Gmm::op, all, [&](auto input, auto output) {
+  return onHostProjected(Gmm::op, all, [&](auto input, auto output) {
     std::vector<Tensor> xs;
     for (const Tensor& t : g.x) xs.push_back(input(t));
     GmmHost h;
@@ -1359,7 +1337,7 @@ Tensor tokenUnpermute(const Tensor& permuted, const Tensor& sorted_indices, cons
   (void)restore_shape;  // padded mode only
   const Tensor probs = valueOr(probs_opt);
   const int64_t topk = checkUnpermute(op, permuted, sorted_indices, probs, padded_mode);
-  return onHost(op, {permuted, sorted_indices, probs}, [&](auto input, auto output) {
+  return onHostProjected(op, {permuted, sorted_indices, probs}, [&](auto input, auto output) {
     const Tensor t = input(permuted);
     const Tensor s = input(sorted_indices);
     const Tensor p = input(probs);
@@ -1407,7 +1385,7 @@ std::tuple<Tensor, Tensor> tokenUnpermuteGrad(const Tensor& permuted, const Tens
                 grad.scalar_type() == permuted.scalar_type(),
             op, dev, "grad_unpermuted_tokens must be [", sorted_indices.numel() / topk, ", ", permuted.size(1),
             "] of permuted_tokens' dtype, got ", grad.sizes(), " ", dtypeName(grad.scalar_type()));
-  return onHost(op, {permuted, grad, sorted_indices, probs}, [&](auto input, auto output) {
+  return onHostProjected(op, {permuted, grad, sorted_indices, probs}, [&](auto input, auto output) {
     const Tensor t = input(permuted);
     const Tensor g = input(grad);
     const Tensor s = input(sorted_indices);
@@ -1544,7 +1522,7 @@ std::tuple<Tensor, Tensor> dynamicQuant(const Tensor& x, const OptTensor& smooth
   constexpr const char* op = "npu_dynamic_quant";
   const Tensor smooth = valueOr(smooth_opt), group_index = valueOr(group_opt);
   const QuantArgs q = checkDynamicQuant(x, smooth, group_index, dst_type, quant_mode, dst_type_max);
-  return onHost(op, {x, smooth, group_index}, [&](auto input, auto output) {
+  return onHostProjected(op, {x, smooth, group_index}, [&](auto input, auto output) {
     const Tensor xs = input(x);
     const Tensor sm = input(smooth);
     const Tensor gi = input(group_index);
@@ -1724,7 +1702,7 @@ Tensor quantMatmul(const Tensor& x1, const Tensor& x2, const Tensor& scale, cons
   const QmmArgs a = checkQuantMatmul(x1, x2, scale, offset, pertoken, bias, output_dtype,
                                      x1_dtype || x2_dtype || pertoken_scale_dtype || scale_dtype, group_sizes,
                                      valueOr(y_scale));
-  return onHost(op, {x1, x2, scale, offset, pertoken, bias}, [&](auto input, auto output) {
+  return onHostProjected(op, {x1, x2, scale, offset, pertoken, bias}, [&](auto input, auto output) {
     Tensor a1 = input(x1), a2;
     if (a.int4) {
       a1 = unpackInt4(a1);
@@ -1790,7 +1768,7 @@ Tensor transQuantParam(const Tensor& scale, const OptTensor& offset_opt, std::op
   constexpr const char* op = "npu_trans_quant_param";
   const Tensor offset = valueOr(offset_opt);
   const auto shape = checkTransQuantParam(scale, offset, round_mode);
-  return onHost(op, {scale, offset}, [&](auto input, auto output) {
+  return onHostProjected(op, {scale, offset}, [&](auto input, auto output) {
     const Tensor host_scale = input(scale);
     const std::vector<float> s = floatValues(host_scale), o = floatValues(input(offset));
     Tensor out = at::empty(shape, host_scale.options().dtype(at::kLong));
@@ -1831,7 +1809,7 @@ Tensor emptyInt4Pack(const Tensor& weight) { return at::empty(withLast(weight.si
 Tensor convertWeightToInt4Pack(const Tensor& weight, int64_t inner_k_tiles) {
   constexpr const char* op = "npu_convert_weight_to_int4pack";
   checkInt4Pack(weight, inner_k_tiles);
-  return onHost(op, {weight}, [&](auto input, auto output) {
+  return onHostProjected(op, {weight}, [&](auto input, auto output) {
     const Tensor w = input(weight);
     Tensor out = emptyInt4Pack(w);
     const int32_t* wp = w.const_data_ptr<int32_t>();

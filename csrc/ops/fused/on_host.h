@@ -1,37 +1,62 @@
 // The fused ops' way of running a kernel written for host tensors on npu or cpu
-// tensors (fused_ops.cpp, attention_ops.cpp).
+// tensors (fused_ops.cpp, attention_ops.cpp, moe_quant_ops.cpp, position_ops.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
 
-#include <functional>
-#include <initializer_list>
+#include <cstddef>
+#include <optional>
+#include <type_traits>
 
 #include "../../core/device.h"
+#include "../../core/profile.h"
+#include "../../runtime/tracing.h"
 #include "../host_execution.h"
 
 namespace npu::ops {
 
-// Runs `compute(input, output)` on host tensors: for npu inputs inside a
-// HostExecution (so the outputs it allocates are npu memory, and writes to an
-// input's alias write the npu tensor), for cpu inputs directly. `input` gives a
-// contiguous host tensor, `output` the result as a tensor of the inputs' device.
-// All defined tensors must be on the device of the first.
-template <class Compute>
-auto onHost(const char* op, std::initializer_list<std::reference_wrapper<const at::Tensor>> tensors,
-            Compute compute) {
-  const at::Tensor& first = tensors.begin()->get();
+// Runs `compute` on host tensors: for npu inputs inside a HostExecution (so the
+// tensors it allocates are npu memory, and writes to an input's alias write the
+// npu tensor), for cpu inputs directly. `compute(input, output)` or
+// `compute(input, inout, output)`: `input` gives a contiguous host tensor to read,
+// `inout` the host alias to update in place (the tensor itself on the cpu),
+// `output` the result as a tensor of the inputs' device. The defined tensors must
+// share one device. `project()`, when given, is the kernel's projected time on the
+// profile's chip in nanoseconds, stamped on its launch while a profiler records
+// under a chip profile.
+template <class Compute, class Project = std::nullptr_t>
+auto onHost(const char* op, c10::ArrayRef<at::Tensor> tensors, Compute&& compute, Project&& project = nullptr) {
+  const at::Tensor* first = nullptr;
   for (const at::Tensor& t : tensors) {
-    TORCH_CHECK(!t.defined() || t.device() == first.device(), "Expected all tensors to be on the same device, but "
-                "found at least two devices, ", first.device(), " and ", t.device(), "! (npu::", op,
-                "; move them with .to('", first.device(), "'))");
+    if (!t.defined()) continue;
+    if (first == nullptr) first = &t;
+    TORCH_CHECK(t.device() == first->device(), "Expected all tensors to be on the same device, but found at least "
+                "two devices, ", first->device(), " and ", t.device(), "! (npu::", op, "; move them with .to('",
+                first->device(), "'))");
   }
-  if (first.device().type() != kNPU) return compute([](const at::Tensor& t) { return t.defined() ? t.contiguous() : t; },
-                                                    [](const at::Tensor& t) { return t; });
-  HostExecution exec(first.device(), op);
-  return compute([&](const at::Tensor& t) { return t.defined() ? exec.alias(t).contiguous() : t; },
-                 [&](const at::Tensor& t) { return exec.toNpu(t); });
+  auto run = [&](auto input, auto inout, auto output) {
+    if constexpr (std::is_invocable_v<Compute&, decltype(input), decltype(inout), decltype(output)>) {
+      return compute(input, inout, output);
+    } else {
+      return compute(input, output);
+    }
+  };
+  if (first == nullptr || first->device().type() != kNPU) {
+    auto same = [](const at::Tensor& t) { return t; };
+    return run([](const at::Tensor& t) { return t.defined() ? t.contiguous() : t; }, same, same);
+  }
+  std::optional<runtime::tracing::Projection> projection;
+  if constexpr (!std::is_same_v<std::decay_t<Project>, std::nullptr_t>) {
+    if (C10_UNLIKELY(runtime::tracing::enabled()) && profile::projectionProfile() != nullptr) {
+      projection.emplace(project());
+    }
+  }
+  HostExecution exec(first->device(), op);
+  return run([&](const at::Tensor& t) { return t.defined() ? exec.alias(t).contiguous() : t; },
+             [&](const at::Tensor& t) { return exec.alias(t); },
+             [&](const at::Tensor& t) { return t.defined() ? exec.toNpu(t) : t; });
 }
 
 }  // namespace npu::ops

@@ -45,6 +45,7 @@
 #include "../../runtime/tracing.h"
 #include "../dtypes.h"
 #include "../host_execution.h"
+#include "on_host.h"
 
 namespace npu::ops {
 namespace {
@@ -54,8 +55,7 @@ namespace {
 // What the op does, for its projected time on a profile's chip while a
 // profiler runs: the tensors' traffic plus an output the size of the largest,
 // one operation per element, or `cube_flops` on the matrix unit.
-profile::KernelWork kernelWork(std::initializer_list<std::reference_wrapper<const at::Tensor>> tensors,
-                               double cube_flops) {
+profile::KernelWork kernelWork(c10::ArrayRef<at::Tensor> tensors, double cube_flops) {
   profile::KernelWork work;
   double largest = 0;
   bool dtype_set = false;
@@ -74,32 +74,13 @@ profile::KernelWork kernelWork(std::initializer_list<std::reference_wrapper<cons
   return work;
 }
 
-// Runs `compute` on host tensors: for npu inputs inside a HostExecution (so the
-// tensors it allocates are npu memory), for cpu inputs directly. `input` gives
-// a contiguous host tensor to read, `inout` the host alias to update in place
-// (see updateInPlace), `output` the result as a tensor of the inputs' device.
-// Under a profiler with a chip profile the kernel carries its projected time.
+// onHost (on_host.h) with the kernel's projected time on the chip estimated by
+// kernelWork (`cube_flops` on the matrix unit, else one operation per element).
 template <class Compute>
-auto onHost(const char* op, std::initializer_list<std::reference_wrapper<const at::Tensor>> tensors,
-            Compute compute, double cube_flops = 0) {
-  const at::Tensor& first = tensors.begin()->get();
-  for (const at::Tensor& t : tensors) {
-    TORCH_CHECK(!t.defined() || t.device() == first.device(), "Expected all tensors to be on the same device, but "
-                "found at least two devices, ", first.device(), " and ", t.device(), "! (npu::", op,
-                "; move them with .to('", first.device(), "'))");
-  }
-  if (first.device().type() != kNPU) {
-    return compute([](const at::Tensor& t) { return t.defined() ? t.contiguous() : t; },
-                   [](const at::Tensor& t) { return t; }, [](const at::Tensor& t) { return t; });
-  }
-  std::optional<runtime::tracing::Projection> projection;
-  if (C10_UNLIKELY(runtime::tracing::enabled()) && profile::projectionProfile() != nullptr) {
-    projection.emplace(profile::projectKernelNs(profile::projectionCost(), kernelWork(tensors, cube_flops)));
-  }
-  HostExecution exec(first.device(), op);
-  return compute([&](const at::Tensor& t) { return t.defined() ? exec.alias(t).contiguous() : t; },
-                 [&](const at::Tensor& t) { return exec.alias(t); },
-                 [&](const at::Tensor& t) { return exec.toNpu(t); });
+auto onHostProjected(const char* op, c10::ArrayRef<at::Tensor> tensors, Compute compute, double cube_flops = 0) {
+  return onHost(op, tensors, compute, [&] {
+    return profile::projectKernelNs(profile::projectionCost(), kernelWork(tensors, cube_flops));
+  });
 }
 
 // Runs `kernel(contiguous)` so that its writes land in `target` (a host tensor):
@@ -512,7 +493,7 @@ void applyRotaryInPlace(const at::Tensor& query, const at::Tensor& key, const at
                 "inference tensor outside InferenceMode is not allowed (", t->device(), "); call it under "
                 "torch.inference_mode(), or pass query.clone() and key.clone()");
   }
-  onHost(op, {query, key, cos, sin}, [&](auto input, auto inout, auto) {
+  onHostProjected(op, {query, key, cos, sin}, [&](auto input, auto inout, auto) {
     const at::Tensor c = input(cos);
     const at::Tensor s = input(sin);
     const int64_t d = query.size(-1);
@@ -611,7 +592,7 @@ void checkInterleaveRope(const char* op, const at::Tensor& x, const at::Tensor& 
 at::Tensor interleaveRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   constexpr const char* op = "npu_interleave_rope";
   checkInterleaveRope(op, x, cos, sin);
-  return onHost(op, {x, cos, sin}, [&](auto input, auto, auto output) {
+  return onHostProjected(op, {x, cos, sin}, [&](auto input, auto, auto output) {
     const at::Tensor xh = input(x), c = input(cos), s = input(sin);
     at::Tensor y = emptyLike(xh);
     constexpr int64_t d = 64, h = 32;
@@ -641,7 +622,7 @@ at::Tensor interleaveRope(const at::Tensor& x, const at::Tensor& cos, const at::
 at::Tensor interleaveRopeBackward(const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin) {
   constexpr const char* op = "npu_interleave_rope_backward";
   checkInterleaveRope(op, grad, cos, sin);
-  return onHost(op, {grad, cos, sin}, [&](auto input, auto, auto output) {
+  return onHostProjected(op, {grad, cos, sin}, [&](auto input, auto, auto output) {
     const at::Tensor g = input(grad), c = input(cos), s = input(sin);
     at::Tensor dx = emptyLike(g);
     constexpr int64_t d = 64, h = 32;
@@ -778,7 +759,7 @@ std::tuple<at::Tensor, at::Tensor> mropeImpl(const char* op, const at::Tensor& p
                                              std::optional<c10::string_view> cache_mode, float sin_sign) {
   const MropeConfig cfg =
       checkMrope(op, positions, query, key, cache, head_size, mrope_section, rotary_mode, cache_mode);
-  return onHost(op, {positions, query, key, cache}, [&](auto input, auto, auto output) {
+  return onHostProjected(op, {positions, query, key, cache}, [&](auto input, auto, auto output) {
     const at::Tensor pos = input(positions).to(at::kLong);
     const at::Tensor q = input(query), k = input(key), table = input(cache);
     at::Tensor q_out = emptyLike(q), k_out = emptyLike(k);
@@ -885,7 +866,7 @@ at::Tensor topKTopP(const at::Tensor& logits, const std::optional<at::Tensor>& p
   checkTopKTopP(logits, p, k);
   const bool has_p = p.has_value() && p->defined(), has_k = k.has_value() && k->defined();
   const at::Tensor p_or_none = has_p ? *p : at::Tensor(), k_or_none = has_k ? *k : at::Tensor();
-  return onHost(op, {logits, p_or_none, k_or_none},
+  return onHostProjected(op, {logits, p_or_none, k_or_none},
                 [&](auto input, auto, auto output) {
     const at::Tensor x = input(logits);
     const at::Tensor pf = has_p ? input(*p).to(at::kFloat) : at::Tensor();
@@ -1001,7 +982,7 @@ at::Tensor scaledMaskedSoftmax(const at::Tensor& x, const at::Tensor& mask, cons
   constexpr const char* op = "npu_scaled_masked_softmax";
   checkScaledMaskedSoftmax(op, x, mask, fixed_triu_mask);
   const float sc = static_cast<float>(scaleValue(scale));
-  return onHost(op, {x, mask}, [&](auto input, auto, auto output) {
+  return onHostProjected(op, {x, mask}, [&](auto input, auto, auto output) {
     const at::Tensor xh = input(x);
     const at::Tensor m = input(mask);
     at::Tensor y = emptyLike(xh);
@@ -1043,7 +1024,7 @@ at::Tensor scaledMaskedSoftmaxBackward(const at::Tensor& y_grad, const at::Tenso
   TORCH_CHECK(y_grad.sizes() == y.sizes(), "npu::", op, ": y_grad ", y_grad.sizes(), " must have y's shape ",
               y.sizes());
   const float sc = static_cast<float>(scaleValue(scale));
-  return onHost(op, {y_grad, y, mask}, [&](auto input, auto, auto output) {
+  return onHostProjected(op, {y_grad, y, mask}, [&](auto input, auto, auto output) {
     const at::Tensor g = input(y_grad), yh = input(y), m = input(mask);
     at::Tensor dx = emptyLike(yh);
     const int64_t w = yh.size(3), rows = yh.numel() / w;
@@ -1173,7 +1154,7 @@ at::Tensor transposeBatchMatmul(const at::Tensor& input, const at::Tensor& weigh
   const bool quantized = scale.has_value() && scale->defined();
   const at::Tensor scale_or_none = quantized ? *scale : at::Tensor();
   const double matmul_flops = 2.0 * static_cast<double>(t.batch * t.m) * static_cast<double>(t.k * t.n);
-  return onHost(op, {input, weight, scale_or_none}, [&](auto, auto inout, auto output) {
+  return onHostProjected(op, {input, weight, scale_or_none}, [&](auto, auto inout, auto output) {
     // Host views as they are (bmm takes strides): no copy of non-contiguous inputs.
     const at::Tensor x1 = t.x1_transposed ? inout(input).transpose(0, 1) : inout(input);
     const at::Tensor x2 = t.x2_transposed ? inout(weight).transpose(1, 2) : inout(weight);
