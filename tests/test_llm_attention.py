@@ -288,6 +288,29 @@ def test_paged_int8_kv_cache_with_antiquant(cache):
             torch.testing.assert_close(got[b:b + 1], expected, **tol(dtype))
 
 
+@pytest.mark.parametrize("layout", ["BSH", "BSND", "BNSD", "TND"])
+def test_fused_infer_int8_dense_cache_with_antiquant(layout):
+    dtype = torch.bfloat16
+    q, k, v = inputs(dtype, sq=4, skv=10)
+    kq, vq, scale, offset, kd, vd = int8_cache(k, v)
+    mask = torch.ones(4, 10, dtype=torch.bool).triu(7)   # causal, bottom-right aligned
+    expected, _ = reference(q, kd, vd, 0.3, ~mask)
+    if layout == "TND":   # the batches one after the other: [B * S, N, D]
+        tnd = lambda t: t.transpose(1, 2).reshape(-1, t.size(1), t.size(3)).contiguous()  # noqa: E731
+        out, _ = torch_npu.npu_fused_infer_attention_score(
+            tnd(q).npu(), tnd(kq).npu(), tnd(vq).npu(), antiquant_scale=scale.npu(), antiquant_offset=offset.npu(),
+            actual_seq_lengths=[4, 8], actual_seq_lengths_kv=[10, 20], num_heads=N, num_key_value_heads=KVN,
+            scale=0.3, input_layout="TND", sparse_mode=3, atten_mask=torch.ones(2048, 2048, dtype=torch.bool)
+            .triu(1).npu())
+        got = out.cpu().float().reshape(B, 4, N, D).transpose(1, 2)
+    else:
+        out, _ = torch_npu.npu_fused_infer_attention_score(
+            to_layout(q, layout).npu(), to_layout(kq, layout).npu(), to_layout(vq, layout).npu(),
+            antiquant_scale=antiquant_shape(scale, layout).npu(), antiquant_offset=antiquant_shape(offset, layout).npu(),
+            atten_mask=mask.npu(), num_heads=N, num_key_value_heads=KVN, scale=0.3, input_layout=layout)
+        got = from_layout(out.cpu().float(), layout, N)
+    torch.testing.assert_close(got, expected, **tol(dtype))
+
 def test_antiquant_errors_name_op_and_remedy():
     q, k, v = (t.npu() for t in inputs(torch.float16, sq=1, skv=8))
     kq, vq = k.to(torch.int8), v.to(torch.int8)
@@ -295,9 +318,13 @@ def test_antiquant_errors_name_op_and_remedy():
     ifa, fia = torch_npu.npu_incre_flash_attention, torch_npu.npu_fused_infer_attention_score
     with pytest.raises(RuntimeError, match="antiquant_scale and antiquant_offset are for an int8 key and value"):
         ifa(q, k, v, antiquant_scale=scale, num_heads=N, num_key_value_heads=KVN, input_layout="BNSD")
-    with pytest.raises(RuntimeError, match=r"per channel, \[2, \[2, 1, 32\]\] \(or \[2, 64\]\) of query's dtype"):
+    with pytest.raises(RuntimeError, match=r"one value per key/value channel, \[2, 2, 1, 32\] \(or \[2, 64\]\) "
+                                           r"of query's dtype"):
         ifa(q, kq, vq, antiquant_scale=scale.float(), num_heads=N, num_key_value_heads=KVN, input_layout="BNSD")
-    with pytest.raises(RuntimeError, match="antiquant_mode 1 \\(per token\\) is not supported.*use 0"):
+    with pytest.raises(RuntimeError, match="per-tensor and per-token antiquant are not supported"):
+        ifa(q, kq, vq, antiquant_scale=scale.reshape(-1)[:2].clone(), num_heads=N, num_key_value_heads=KVN,
+            input_layout="BNSD")
+    with pytest.raises(RuntimeError, match="antiquant_mode 1 is not supported.*use 0"):
         fia(q, kq, vq, antiquant_scale=scale, antiquant_mode=1, num_heads=N, num_key_value_heads=KVN,
             input_layout="BNSD")
     with pytest.raises(RuntimeError, match="key_antiquant_scale is not supported"):

@@ -26,6 +26,9 @@
 #include <ATen/ops/full.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/searchsorted.h>
+#include <ATen/ops/_unique.h>
 #include <c10/util/accumulate.h>
 #include <torch/library.h>
 
@@ -847,33 +850,50 @@ void dequantizeKv(Request& r, const at::Tensor& scale, const at::Tensor& offset)
   TORCH_CHECK(int8k && int8v, "npu::", r.op, ": antiquant_scale and antiquant_offset are for an int8 key and "
               "value, got ", r.k.scalar_type(), " and ", r.v.scalar_type(), "; pass None");
   TORCH_CHECK(scale.defined(), "npu::", r.op, ": antiquant_offset needs antiquant_scale");
-  // One scale per key/value channel, broadcast over the cache: [H] for 3-D caches, [N, D]
-  // for BSND, [N, 1, D] for BNSD and head-major paged caches.
+  // One scale per key/value channel, broadcast over the cache: [N, D] for BSND and TND,
+  // [N, 1, D] for BNSD and head-major paged caches, [H] for BSH and [blocks, block_size, H].
   const at::Tensor& k = r.k;
+  const bool paged = r.blockTable.defined();
   TORCH_CHECK(k.dim() == 3 || k.dim() == 4, "npu::", r.op, ": key must be 3-D or 4-D, got ", k.sizes());
   std::vector<int64_t> channel;
-  if (k.dim() == 3) {
+  if (k.dim() == 3 && r.in == Layout::TND && !paged) {
+    channel = {k.size(1), k.size(2)};
+  } else if (k.dim() == 3) {
     channel = {k.size(2)};
-  } else if (r.in == Layout::BSND && !r.blockTable.defined()) {
+  } else if (r.in == Layout::BSND && !paged) {
     channel = {k.size(2), k.size(3)};
   } else {
     channel = {k.size(1), 1, k.size(3)};
   }
+  std::vector<int64_t> expected{2};
+  expected.insert(expected.end(), channel.begin(), channel.end());
   const int64_t channels = c10::multiply_integers(channel);
   for (const at::Tensor* t : {&scale, &offset}) {
     if (!t->defined()) continue;
     TORCH_CHECK(t->dim() >= 2 && t->size(0) == 2 && t->numel() == 2 * channels && t->scalar_type() == r.q.scalar_type(),
-                "npu::", r.op, ": antiquant_scale and antiquant_offset are per channel, [2, ",
-                c10::IntArrayRef(channel), "] (or [2, ", channels, "]) of query's dtype ", r.q.scalar_type(),
-                ", got ", t->sizes(), " ", t->scalar_type(), "; per-token antiquant is not supported on the npu");
+                "npu::", r.op, ": antiquant_scale and antiquant_offset are one value per key/value channel, ",
+                c10::IntArrayRef(expected), " (or [2, ", channels, "]) of query's dtype ", r.q.scalar_type(),
+                ", got ", t->sizes(), " ", t->scalar_type(), "; per-tensor and per-token antiquant are not "
+                "supported on the npu device");
+  }
+  at::Tensor kq = r.k, vq = r.v;
+  if (paged && !kq.is_meta()) {
+    // Only the blocks the table names are read: dequantize those (not the whole pool) and
+    // renumber the table to them.
+    const at::Tensor table = r.blockTable;
+    const at::Tensor used = std::get<0>(at::_unique(table.masked_select(table.ge(0)).to(at::kLong), true));
+    kq = kq.index_select(0, used);
+    vq = vq.index_select(0, used);
+    const at::Tensor renumbered = at::searchsorted(used, table.to(at::kLong)).to(table.scalar_type());
+    r.blockTable = at::where(table.ge(0), renumbered, table);
   }
   auto dequantize = [&](const at::Tensor& x, int64_t which) {
     at::Tensor y = x.to(r.q.scalar_type());
     if (offset.defined()) y = y.add(offset.select(0, which).reshape(channel));
     return y.mul(scale.select(0, which).reshape(channel));
   };
-  r.k = dequantize(r.k, 0);
-  r.v = dequantize(r.v, 1);
+  r.k = dequantize(kq, 0);
+  r.v = dequantize(vq, 1);
 }
 
 // input_layout of the inference operators: "X" or "X_Y" (input X, output Y).
@@ -980,7 +1000,7 @@ Request fusedInferRequest(const Args& a) {
                   "actual_shared_prefix_len", "query_rope", "key_rope"},
            "left padding, shared prefixes and MLA's rope inputs");
   TORCH_CHECK(!a.given("antiquant_scale") || a.integer("antiquant_mode") == 0, "npu::", r.op, ": antiquant_mode ",
-              a.integer("antiquant_mode"), " (per token) is not supported on the npu device; use 0 (per channel)");
+              a.integer("antiquant_mode"), " is not supported on the npu device; use 0 (per channel)");
   r.q = a.tensor("query");
   r.k = a.tensor("key");
   r.v = a.tensor("value");
