@@ -1227,6 +1227,7 @@ def test_every_vector_math_function_is_settled_at_import():
     settled = {name.removeprefix("aten::") for name in torch_npu._C._vector_math_settled()}
     assert routed, f"no IMPLEMENT_VML_MKL line found in {header}"
     assert routed <= settled, f"not settled at import: {sorted(routed - settled)}"
+    assert "logit" in settled  # its kernel calls MKL's vsLn/vdLn itself, outside vml.h
 
 # ---- npu and cpu tensors do not mix (as cuda and cpu tensors do not) ---------------------------------------
 

@@ -622,21 +622,23 @@ void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* s
 }
 
 const std::vector<std::string>& settleVectorMathDispatch() {
-  // The unary ops whose float and double CPU kernels call MKL's vector math
-  // (ATen/cpu/vml.h: IMPLEMENT_VML_MKL); a test checks the list against that header.
+  // The unary ops whose float and double CPU kernels call MKL's vector math: those of
+  // ATen/cpu/vml.h (IMPLEMENT_VML_MKL; a test checks the list against that header) and
+  // logit, whose kernel calls MKL's vsLn/vdLn itself.
   static const std::vector<std::string> settled = [] {
     std::vector<std::string> names;
 #if AT_MKL_ENABLED()
     static constexpr const char* kVectorMathOps[] = {"acos", "asin", "atan", "cos",   "erf",  "erfc",
                                                      "erfinv", "exp", "log", "log10", "log2", "sin",
-                                                     "sqrt", "tan", "tanh", "trunc"};
+                                                     "sqrt", "tan", "tanh", "trunc", "logit"};
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     for (const char* name : kVectorMathOps) {
-      const auto op = c10::Dispatcher::singleton()
-                          .findSchemaOrThrow((std::string("aten::") + name).c_str(), "")
-                          .typed<at::Tensor(const at::Tensor&)>();
+      const auto op = c10::Dispatcher::singleton().findSchemaOrThrow((std::string("aten::") + name).c_str(), "");
+      const auto& arguments = op.schema().arguments();
       for (const auto dtype : {c10::kFloat, c10::kDouble}) {
-        op.call(at::full({1}, 0.5, at::TensorOptions().dtype(dtype)));  // one element: on this thread
+        torch::jit::Stack stack{at::full({1}, 0.5, at::TensorOptions().dtype(dtype))};  // one element: this thread
+        for (std::size_t i = 1; i < arguments.size(); ++i) stack.push_back(*arguments[i].default_value());
+        op.callBoxed(&stack);
       }
       names.emplace_back(std::string("aten::") + name);
     }

@@ -63,8 +63,8 @@ void registerOpLibrary();
 // The library's op names that matched no operator with a CPU kernel.
 const std::vector<std::string>& unmatchedLibraryNames();
 
-// ATen sends contiguous float and double unary ops (sin, exp, sqrt, ...) to MKL's
-// vector math library, one call per intra-op thread on its chunk. MKL picks each
+// ATen sends float and double unary ops (sin, exp, sqrt, logit, ...) to MKL's vector
+// math library, one call per intra-op thread on its chunk. MKL picks each
 // function's kernel on its first call, and when that first call runs on several
 // threads at once one of them may compute its whole chunk with a low-accuracy
 // kernel (errors of ~1e-4 relative; pytorch/pytorch#188792). Every npu op runs
