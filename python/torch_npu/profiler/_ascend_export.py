@@ -30,11 +30,12 @@ import os
 import socket
 import time
 from collections import defaultdict
+from types import SimpleNamespace
 
 import torch
 from torch.autograd import DeviceType
 
-from . import _analyse
+from . import _analyse, _ascend_db
 from .experimental_config import ExportType, ProfilerLevel, _ExperimentalConfig
 
 OUTPUT = "ASCEND_PROFILER_OUTPUT"
@@ -175,7 +176,7 @@ def _collect(prof):
         last_end[(k.device, k.stream)] = k.start_us + k.dur_us
         k.task_id = task_id
     kernels.sort(key=lambda k: k.start_us)
-    return base_us, kineto, ops, steps, kernels, api
+    return base_us, kineto, ops, steps, kernels, api, cpu_inputs
 
 
 class GcRecorder:
@@ -296,15 +297,18 @@ def _step_ranges(steps, ops, kernels, base_us):
     return [("", min(starts), max(ends))] if starts else []
 
 
-def _step_trace_time(path, ranges, kernels):
+def _step_times(ranges, kernels):
+    """(step, start us, end us, computing us, free us) per step range: the device's time
+    in kernels and fallbacks, and its time in nothing."""
     compute = [(k.start_us, k.start_us + k.dur_us) for k in kernels if k.core != "MEMCPY_ASYNC"]
     busy = [(k.start_us, k.start_us + k.dur_us) for k in kernels]
-    rows = []
-    for step, lo, hi in ranges:
-        computing = _union(_clip(compute, lo, hi))
-        free = max(0.0, (hi - lo) - _union(_clip(busy, lo, hi)))
-        rows.append([step, _us(computing), _us(0), _us(0), _us(0), _us(free), _us(0), _us(0), _us(0), _us(0)])
-    _write_csv(path, STEP_TRACE_TIME, rows)
+    return [(step, lo, hi, _union(_clip(compute, lo, hi)), max(0.0, (hi - lo) - _union(_clip(busy, lo, hi))))
+            for step, lo, hi in ranges]
+
+
+def _step_trace_time(path, step_times):
+    _write_csv(path, STEP_TRACE_TIME, [[step, _us(computing), _us(0), _us(0), _us(0), _us(free), _us(0), _us(0),
+                                        _us(0), _us(0)] for step, _, _, computing, free in step_times])
 
 
 def _memory_samples(chrome_trace, kineto):
@@ -340,9 +344,10 @@ def _memory_record(path, samples):
     _write_csv(path, MEMORY_RECORD, rows)
 
 
-def _operator_memory(path, samples, ops, base_us):
-    """One row per npu allocation: the innermost op that made it, its size, when it was
-    allocated and released (blank: still held when the profile stopped)."""
+def _allocations(samples, ops, base_us):
+    """One dict per npu allocation: the innermost op that made it (name), its size (bytes),
+    when it was allocated and released (alloc_us, release_us: None while still held when
+    the profile stopped), the allocator's totals then (bytes) and its device."""
     ranges = sorted(((base_us + e.time_range.start, base_us + e.time_range.end, e.name) for e in ops))
     starts = [r[0] for r in ranges]
 
@@ -354,21 +359,33 @@ def _operator_memory(path, samples, ops, base_us):
             i -= 1
         return ""
 
-    live, rows = {}, []
+    live, allocations = {}, []
     for t, a in samples:
         size = a.get("Bytes", 0)
         if size > 0:
-            row = [owner(t), f"{size / 1024:.2f}", _us(t), "", "", "", "", _mb(a.get("Total Allocated", 0)),
-                   _mb(a.get("Total Reserved", 0)), _mb(a.get("Total Allocated", 0)), "", "", "", "",
-                   f"NPU:{a.get('Device Id', 0)}"]
-            live[a.get("Addr")] = row
-            rows.append(row)
+            m = dict(name=owner(t), size=size, alloc_us=t, release_us=None, device=a.get("Device Id", 0),
+                     alloc_allocated=a.get("Total Allocated", 0), alloc_reserved=a.get("Total Reserved", 0),
+                     release_allocated=None, release_reserved=None)
+            live[a.get("Addr")] = m
+            allocations.append(m)
         elif size < 0 and a.get("Addr") in live:
-            row = live.pop(a.get("Addr"))
-            row[3] = row[4] = _us(t)
-            row[5] = row[6] = _us(t - float(row[2]))
-            row[10], row[11] = _mb(a.get("Total Allocated", 0)), _mb(a.get("Total Reserved", 0))
-            row[12] = row[10]
+            m = live.pop(a.get("Addr"))
+            m.update(release_us=t, release_allocated=a.get("Total Allocated", 0),
+                     release_reserved=a.get("Total Reserved", 0))
+    return allocations
+
+
+def _operator_memory(path, allocations):
+    rows = []
+    for m in allocations:
+        held = m["release_us"] is not None
+        release = _us(m["release_us"]) if held else ""
+        duration = _us(m["release_us"] - m["alloc_us"]) if held else ""
+        released = [_mb(m["release_allocated"]), _mb(m["release_reserved"]), _mb(m["release_allocated"])] \
+            if held else ["", "", ""]
+        rows.append([m["name"], f"{m['size'] / 1024:.2f}", _us(m["alloc_us"]), release, release, duration, duration,
+                     _mb(m["alloc_allocated"]), _mb(m["alloc_reserved"]), _mb(m["alloc_allocated"]), *released, "",
+                     f"NPU:{m['device']}"])
     _write_csv(path, OPERATOR_MEMORY, rows)
 
 
@@ -506,21 +523,20 @@ def _worker_dir(dir_name, worker_name):
 
 
 def export_ascend(prof, dir_name, worker_name=None, chrome_trace=None, config=None):
-    """Writes the Ascend adapter's Text export of the finished profile ``prof`` under
-    ``dir_name`` (``<worker>_<timestamp>_ascend_pt/``) and returns that directory.
+    """Writes the Ascend adapter's export of the finished profile ``prof`` under ``dir_name``
+    (``<worker>_<timestamp>_ascend_pt/``) and returns that directory: the Text export, the
+    Db export (``_ascend_db.py``) or both, as the config's ``export_type`` asks.
     ``chrome_trace``: the path of the profile's exported Chrome trace, if it was exported
-    (its npu memory samples go into memory_record.csv); else one is written inside the
+    (its npu memory samples go into the memory records); else one is written inside the
     directory for that. ``config``: the ``_ExperimentalConfig`` (default: the profile's,
     else the adapter's defaults)."""
     config = config or getattr(prof, "npu_experimental_config", None) or _ExperimentalConfig()
-    if ExportType.Text not in config.export_type:
-        raise ValueError(f"torch_npu.profiler: export_type {config.export_type} has no ExportType.Text; the npu's "
-                         f"profiler writes the Text export only")
+    text, db = ExportType.Text in config.export_type, ExportType.Db in config.export_type
     os.makedirs(dir_name, exist_ok=True)
     worker, root = _worker_dir(dir_name, worker_name)
     out = os.path.join(root, OUTPUT)
     os.makedirs(out)
-    base_us, kineto, ops, steps, kernels, api = _collect(prof)
+    base_us, kineto, ops, steps, kernels, api, inputs = _collect(prof)
     if config.profiler_level in (ProfilerLevel.Level_none, ProfilerLevel.Level0):
         api = []
     activities = getattr(prof, "activities", None)   # None: torch.autograd.profiler.profile(use_device="npu")
@@ -542,19 +558,28 @@ def export_ascend(prof, dir_name, worker_name=None, chrome_trace=None, config=No
     lo = min((a for _, a, _ in ranges), default=0.0)
     hi = max((b for _, _, b in ranges), default=0.0)
     gc_events = [e for e in recorder.events if lo <= e[0] <= hi] if recorder is not None else []
-    _trace_view(os.path.join(out, "trace_view.json"), ops, steps, kernels, ranges, base_us,
-                device_activities, chip, gc_events, api)
-    _operator_details(os.path.join(out, "operator_details.csv"), ops, kernels)
-    if device_activities:
-        _kernel_details(os.path.join(out, "kernel_details.csv"), kernels, chip)
-        _op_statistic(os.path.join(out, "op_statistic.csv"), kernels, chip)
-        _step_trace_time(os.path.join(out, "step_trace_time.csv"), ranges, kernels)
-        samples = _memory_samples(trace, kineto)
-        _memory_record(os.path.join(out, "memory_record.csv"), samples)
-        if samples:
-            _operator_memory(os.path.join(out, "operator_memory.csv"), samples, ops, base_us)
-
+    step_times = _step_times(ranges, kernels) if device_activities else []
+    samples = _memory_samples(trace, kineto) if device_activities else []
+    allocations = _allocations(samples, ops, base_us)
     rank = _rank()
+    if text:
+        _trace_view(os.path.join(out, "trace_view.json"), ops, steps, kernels, ranges, base_us,
+                    device_activities, chip, gc_events, api)
+        _operator_details(os.path.join(out, "operator_details.csv"), ops, kernels)
+        if device_activities:
+            _kernel_details(os.path.join(out, "kernel_details.csv"), kernels, chip)
+            _op_statistic(os.path.join(out, "op_statistic.csv"), kernels, chip)
+            _step_trace_time(os.path.join(out, "step_trace_time.csv"), step_times)
+            _memory_record(os.path.join(out, "memory_record.csv"), samples)
+            if samples:
+                _operator_memory(os.path.join(out, "operator_memory.csv"), allocations)
+    if db:
+        _ascend_db.write(out, rank, base_us=base_us, ops=ops, kernels=kernels, steps=steps, step_times=step_times,
+                         op_inputs=inputs, allocations=allocations, samples=samples,
+                         formats=SimpleNamespace(op_type=_op_type, shapes=_shapes, dtypes=_dtypes), meta=[("device", "npu (emulated)"), ("projected_on", chip or ""),
+                                                   ("torch_npu_version", getattr(__import__("torch_npu"),
+                                                                                 "__version__", ""))])
+
     info = {"config": {"common_config": _common_config(prof), "experimental_config": config.to_dict()},
             "start_info": {"syscnt_enable": False, "collectionTimeBegin": str(int(base_us))},
             "end_info": {"collectionTimeEnd": str(int(time.time() * 1e6))},

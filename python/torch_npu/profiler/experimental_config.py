@@ -21,8 +21,10 @@ collections at least that long ("GC" events in trace_view.json, which
 msprof-analyze's GC check reads). ``data_simplification``, ``msprof_tx``,
 ``host_sys``, ``mstx*``, ``sys_io`` and ``sys_interconnection`` are validated and
 recorded only (the export has no intermediate data to simplify, nor those system
-samples). ``ExportType.Db`` (the adapter's SQLite export) is not written by the
-npu's profiler: asking for it is an error.
+samples). ``export_type`` picks the Text export, the Db export (the adapter's
+SQLite ``ascend_pytorch_profiler[_<rank>].db`` and ``analysis.db``) or both;
+``op_attr`` needs the Db export and records nothing there (PyTorch's profiler keeps
+no operator attributes).
 
 Invalid values raise ``ValueError`` naming the valid ones (the adapter warns and
 resets them to defaults).
@@ -111,13 +113,9 @@ class _ExperimentalConfig:
         if not types or any(t not in (ExportType.Text, ExportType.Db) for t in types):
             raise ValueError(f"_ExperimentalConfig: export_type must be ExportType.Text ('text') or ExportType.Db "
                              f"('db'), or a list of them; got {export_type!r}")
-        if ExportType.Db in types:
-            raise ValueError("_ExperimentalConfig: export_type=ExportType.Db (the adapter's SQLite "
-                             "ascend_pytorch_profiler.db) is not written by the npu emulator's profiler; use "
-                             "ExportType.Text, which msprof-analyze reads as well")
-        if op_attr:
-            raise ValueError("_ExperimentalConfig: op_attr is only valid with export_type=ExportType.Db, which "
-                             "the npu emulator's profiler does not write")
+        if op_attr and ExportType.Db not in types:
+            raise ValueError("_ExperimentalConfig: op_attr is only valid with export_type=ExportType.Db (the "
+                             "operators' attributes go into the Db export)")
         self._profiler_level = profiler_level
         self._aic_metrics = aic_metrics
         self._l2_cache = l2_cache
