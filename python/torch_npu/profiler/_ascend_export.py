@@ -1,4 +1,5 @@
-"""The Text export of the Ascend adapter's profiler, written from a finished npu profile:
+"""The Text export of the Ascend adapter's profiler, written from a finished npu profile
+(the Db export, ``ExportType.Db``, is ``_ascend_db.py``, from the same collected data):
 
     <dir>/<worker>_<timestamp>_ascend_pt/
         profiler_info.json                (profiler_info_<rank>.json under torch.distributed)
