@@ -47,6 +47,7 @@
 #include "../../core/profile.h"
 #include "../../runtime/tracing.h"
 #include "../host_execution.h"
+#include "fast_exp.h"
 #include "on_host.h"
 
 namespace npu::ops {
@@ -465,26 +466,6 @@ void keptRange(const Masking& m, int64_t i, int64_t sq, int64_t skv, int64_t* lo
 #else
 #define NPU_ATTENTION_CLONES
 #endif
-
-// e^x for x <= 0 (a score minus its row's maximum), written so its loops vectorise:
-// x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is exact), e^r by its
-// Taylor series to r^7 (relative error below 1e-8 there), times 2^n from the exponent bits.
-inline __attribute__((always_inline)) float expOfNonPositive(float x) {
-  x = std::max(x, -87.0f);  // e^-87 is near FLT_MIN; smaller results round to it
-  const float t = x * 1.44269504088896341f - 0.5f;
-  int32_t n = static_cast<int32_t>(t);  // rounds t + 0.5 to the nearest: t <= 0 truncates upwards
-  const float nf = static_cast<float>(n);
-  const float r = (x - nf * 0.693145751953125f) - nf * 1.428606765330187e-06f;
-  float p = 1.0f / 5040;
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  return p * __builtin_bit_cast(float, (n + 127) << 23);
-}
 
 // Row max over the kept keys [lo, hi] where mask (optional, 1 = masked) is 0.
 NPU_ATTENTION_CLONES float keptMax(const float* s, int64_t lo, int64_t hi, const uint8_t* mask) {

@@ -44,6 +44,7 @@
 #include "../../runtime/tracing.h"
 #include "../dtypes.h"
 #include "../host_execution.h"
+#include "fast_exp.h"
 #include "on_host.h"
 
 namespace npu::ops {
@@ -198,29 +199,11 @@ LLM_VECTOR_CLONES void fromFloatRow(const float* v, c10::BFloat16* out, int64_t 
   }
 }
 
-// exp(x) for x <= 0 (softmax's x - max), in a form loops vectorise: x = i ln2 + r with
-// |r| <= ln2 / 2, exp(r) by its degree-6 Taylor polynomial (relative error ~2e-7), 2^i by bits.
-inline __attribute__((always_inline)) float expNonPositive(float x) {
-  const bool underflows = x < -87.0f;  // below FLT_MIN: 0 (masked logits of -inf give exactly 0)
-  x = underflows ? -87.0f : x;         // (and 2^i stays a normal float)
-  const float i = (x * 1.4426950408889634f + 12582912.0f) - 12582912.0f;  // round(x / ln2)
-  const float r = (x - i * 0.693145751953125f) - i * 1.428606765330187e-06f;  // ln2 in two parts
-  float p = 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(i) + 127) << 23;
-  return underflows ? 0.0f : p * __builtin_bit_cast(float, bits);
-}
-
 // p[j] = exp(x[j] - top); returns their sum.
 LLM_VECTOR_CLONES float expShifted(const float* x, float top, float* p, int64_t n) {
   float sum = 0;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < n; ++j) sum += (p[j] = expNonPositive(x[j] - top));
+  for (int64_t j = 0; j < n; ++j) sum += (p[j] = expOfNonPositive(x[j] - top));
   return sum;
 }
 
