@@ -588,9 +588,11 @@ void checkInterleaveRope(const char* op, const at::Tensor& x, const at::Tensor& 
               "npu::", op, ": cos and sin must be [B, 1, S or 1, 64] for x ", x.sizes(), ", got ", cos.sizes());
 }
 
-// y = q*c + rotate_half(q)*s with q the de-interleaved x (x[0::2] then x[1::2]).
-at::Tensor interleaveRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  constexpr const char* op = "npu_interleave_rope";
+// The 64-wide rows of x, each with its cos and sin rows. Forward: y = q*c + rotate_half(q)*s
+// with q the de-interleaved x (x[0::2] then x[1::2]). Backward (x is the gradient):
+// dq = grad*c + rotate_half^T(grad*s), then interleaved back.
+template <bool Backward>
+at::Tensor interleaveRopeRows(const char* op, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   checkInterleaveRope(op, x, cos, sin);
   return onHostProjected(op, {x, cos, sin}, [&](auto input, auto, auto output) {
     const at::Tensor xh = input(x), c = input(cos), s = input(sin);
@@ -609,7 +611,12 @@ at::Tensor interleaveRope(const at::Tensor& x, const at::Tensor& cos, const at::
         for (int64_t row = begin; row < end; ++row) {
           tables.at(table.offset(row));
           float* yr = floatOut(yp + row * d, ybuf.data());
-          deinterleaveRotate(floatRow(xp + row * d, xbuf.data(), d), tables.c, tables.s, yr, h);
+          const float* xr = floatRow(xp + row * d, xbuf.data(), d);
+          if constexpr (Backward) {
+            deinterleaveRotateBackward(xr, tables.c, tables.s, yr, h);
+          } else {
+            deinterleaveRotate(xr, tables.c, tables.s, yr, h);
+          }
           flushRow(yr, yp + row * d, d);
         }
       });
@@ -618,34 +625,12 @@ at::Tensor interleaveRope(const at::Tensor& x, const at::Tensor& cos, const at::
   });
 }
 
-// dx for grad: dq = grad*c + rotate_half^T(grad*s), then interleaved back.
+at::Tensor interleaveRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return interleaveRopeRows<false>("npu_interleave_rope", x, cos, sin);
+}
+
 at::Tensor interleaveRopeBackward(const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin) {
-  constexpr const char* op = "npu_interleave_rope_backward";
-  checkInterleaveRope(op, grad, cos, sin);
-  return onHostProjected(op, {grad, cos, sin}, [&](auto input, auto, auto output) {
-    const at::Tensor g = input(grad), c = input(cos), s = input(sin);
-    at::Tensor dx = emptyLike(g);
-    constexpr int64_t d = 64, h = 32;
-    const int64_t rows = g.numel() / d;
-    const BroadcastRows table(g.sizes(), c);
-    NPU_DISPATCH_FLOATING_TYPES(g.scalar_type(), "npu_position_op", [&] {
-      const scalar_t* gp = g.const_data_ptr<scalar_t>();
-      const scalar_t* cp = c.const_data_ptr<scalar_t>();
-      const scalar_t* sp = s.const_data_ptr<scalar_t>();
-      scalar_t* dp = dx.mutable_data_ptr<scalar_t>();
-      at::parallel_for(0, rows, rowGrain(d), [&](int64_t begin, int64_t end) {
-        std::vector<float> gbuf(d), dbuf(d);
-        TableRows<scalar_t> tables(cp, sp, d);
-        for (int64_t row = begin; row < end; ++row) {
-          tables.at(table.offset(row));
-          float* dr = floatOut(dp + row * d, dbuf.data());
-          deinterleaveRotateBackward(floatRow(gp + row * d, gbuf.data(), d), tables.c, tables.s, dr, h);
-          flushRow(dr, dp + row * d, d);
-        }
-      });
-    });
-    return output(dx);
-  });
+  return interleaveRopeRows<true>("npu_interleave_rope_backward", grad, cos, sin);
 }
 
 at::Tensor interleaveRopeMeta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
