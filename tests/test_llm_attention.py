@@ -286,6 +286,11 @@ def test_paged_int8_kv_cache_with_antiquant(cache):
         for b, n in enumerate(lengths):
             expected, _ = reference(q[b:b + 1], kd[b:b + 1, :, :n], vd[b:b + 1, :, :n], 0.2)
             torch.testing.assert_close(got[b:b + 1], expected, **tol(dtype))
+    # the workspace query reads the geometry only, int8 cache included
+    workspace = torch_npu._npu_fused_infer_attention_score_get_max_workspace(
+        to_layout(q, layout).npu(), kc.npu(), vc.npu(), scale=0.2, actual_seq_lengths_kv=lengths,
+        input_layout=layout, **common)
+    assert workspace.numel() == 0 and workspace.device.type == "npu"
 
 
 @pytest.mark.parametrize("layout", ["BSH", "BSND", "BNSD", "TND"])

@@ -825,7 +825,7 @@ void checkInferenceDtypes(const char* op, const at::Tensor& q, const at::Tensor&
 // as the chip dequantizes it on the fly (and as npu_grouped_matmul its int8 weights).
 // Without an int8 cache both must be None. Runs after parseLayout (the scale's shape
 // follows the layout).
-void dequantizeKv(Request& r, const at::Tensor& scale, const at::Tensor& offset) {
+void dequantizeKv(Request& r, const at::Tensor& scale, const at::Tensor& offset, bool shapes_only = false) {
   const bool int8k = r.k.scalar_type() == at::kChar, int8v = r.v.scalar_type() == at::kChar;
   if (!scale.defined() && !offset.defined()) return;  // an int8 cache is refused by checkInferenceDtypes
   TORCH_CHECK(int8k && int8v, "npu::", r.op, ": antiquant_scale and antiquant_offset are for an int8 key and "
@@ -856,6 +856,11 @@ void dequantizeKv(Request& r, const at::Tensor& scale, const at::Tensor& offset)
                 c10::IntArrayRef(expected), " (or [2, ", channels, "]) of query's dtype ", r.q.scalar_type(),
                 ", got ", t->sizes(), " ", t->scalar_type(), "; per-tensor and per-token antiquant are not "
                 "supported on the npu device");
+  }
+  if (shapes_only) {  // the caller reads the geometry only: no data is converted
+    r.k = at::empty_symint(r.k.sym_sizes(), r.q.options().device(at::kMeta));
+    r.v = at::empty_symint(r.v.sym_sizes(), r.q.options().device(at::kMeta));
+    return;
   }
   at::Tensor kq = r.k, vq = r.v;
   if (paged && !kq.is_meta()) {
@@ -969,7 +974,9 @@ Request increRequest(const Args& a) {
   return r;
 }
 
-Request fusedInferRequest(const Args& a) {
+// `shapes_only`: for callers that read the geometry alone (the workspace query), an
+// int8 cache is checked but not dequantized.
+Request fusedInferRequest(const Args& a, bool shapes_only = false) {
   Request r;
   r.op = "npu_fused_infer_attention_score";
   a.refuse(r.op, {"dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2", "quant_offset2",
@@ -987,7 +994,7 @@ Request fusedInferRequest(const Args& a) {
   r.v = a.tensor("value");
   r.blockTable = a.tensor("block_table");
   parseLayout(r, a.str("input_layout"), {"BSH", "BSND", "BNSD", "BNSD_BSND", "TND"});
-  dequantizeKv(r, a.tensor("antiquant_scale"), a.tensor("antiquant_offset"));
+  dequantizeKv(r, a.tensor("antiquant_scale"), a.tensor("antiquant_offset"), shapes_only);
   checkInferenceDtypes(r.op, r.q, r.k, r.v);
   r.heads = a.integer("num_heads");
   r.kvHeads = a.integer("num_key_value_heads");
@@ -1111,7 +1118,7 @@ void fusedInferOutKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
 template <bool Meta, bool V2>
 void fusedInferWorkspaceKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   Args a(op, stack);
-  Request r = V2 ? fusedInferV2Request(a) : fusedInferRequest(a);
+  Request r = V2 ? fusedInferV2Request(a) : fusedInferRequest(a, /*shapes_only=*/true);
   if (!symbolic(r.q) && !symbolic(r.k)) describe(r);
   a.finish(at::empty({0}, r.q.options().dtype(at::kByte)));
 }
