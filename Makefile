@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 export PATH := $(if $(wildcard /usr/lib/ccache),/usr/lib/ccache:,)$(PATH)
 export MAX_JOBS ?= 2
 
-.PHONY: demo test build pytest pytest-always-enqueue pytest-protected pytest-profile runtime-test runtime-sanitize bench clean system-deps
+.PHONY: demo test build pytest pytest-always-enqueue pytest-defer pytest-protected pytest-profile runtime-test runtime-sanitize bench clean system-deps
 
 # Debian packages: GoogleTest for runtime/ tests, ccache for rebuilds, CMake and
 # Ninja for the runtime library (csrc/runtime), which the extension links too.
@@ -73,6 +73,14 @@ ALWAYS_ENQUEUE_TESTS := tests/test_streams.py tests/test_copy.py tests/test_rand
 pytest-always-enqueue: build
 	NPU_EMU_ALWAYS_ENQUEUE=1 $(PY) -m pytest -q $(ALWAYS_ENQUEUE_TESTS)
 
+# The stream, copy and graph tests again with deferred execution (NPU_EMU_DEFER=1): what
+# the emulator does while a profiler projects onto a chip (queued work waits for the
+# host's next wait, host-run ops are launched as kernels), so that it keeps every
+# stream semantic too.
+DEFER_TESTS := tests/test_streams.py tests/test_stream_semantics.py tests/test_copy.py tests/test_graphs.py
+pytest-defer: build
+	NPU_EMU_DEFER=1 $(PY) -m pytest -q $(DEFER_TESTS)
+
 # Models, streams, copies, compile, distributed and the doctor again with the
 # device's memory closed to the host outside device work (NPU_EMU_PROTECT=1, as
 # a discrete device whose memory the host cannot address): a path that reads
@@ -102,7 +110,7 @@ runtime-sanitize: system-deps
 	    ctest --test-dir build/runtime-$$san --output-on-failure || exit 1; \
 	done
 
-test: runtime-test pytest pytest-always-enqueue pytest-protected pytest-profile
+test: runtime-test pytest pytest-always-enqueue pytest-defer pytest-protected pytest-profile
 
 bench: build
 	$(PY) benchmarks/run_all.py

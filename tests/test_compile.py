@@ -315,7 +315,7 @@ x = torch.randn(256, 256, device="npu")
 compiled = torch.compile(f)
 compiled(x)
 if DISABLE_WAIT:   # the kernels run at once, not in stream order
-    torch_npu._C._run_in_stream_order = lambda device, kernel, *args: kernel(*args)
+    torch_npu._C._run_in_stream_order = lambda device, name, kernel, *args: kernel(*args)
 wrong = 0
 for i in range(6):
     torch.npu._sleep(20)               # the stream is busy for 20 ms ...

@@ -412,3 +412,27 @@ def test_a_captured_pinned_copy_keeps_its_host_memory():
     torch.npu.synchronize()
     assert dst.cpu().tolist() == torch.arange(1024.0).tolist()
     del other
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_half_precision_models_replay_again_and_again(dtype):
+    # A 16-bit op with a Python scalar (ATen folds the scalar into its loop, changing the op's
+    # TensorIterator) and a layer norm (whose statistics' dtype the Meta and CPU kernels give
+    # differently) replay as often as asked, each replay as the eager step.
+    torch.manual_seed(0)
+    norm = torch.nn.LayerNorm(32).npu().to(dtype)
+    linear = torch.nn.Linear(32, 32).npu().to(dtype)
+    static_x = torch.randn(4, 32, device="npu").to(dtype)
+
+    def step(x):
+        h = norm(x) * 0.5
+        return linear(torch.exp(-0.6 * torch.sigmoid(h)) / 3)
+
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g):
+        static_y = step(static_x)
+    for _ in range(3):
+        x = torch.randn(4, 32, device="npu").to(dtype)
+        static_x.copy_(x)
+        g.replay()
+        torch.testing.assert_close(static_y, step(x))

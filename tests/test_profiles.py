@@ -500,13 +500,17 @@ def test_the_doctor_ends_with_the_target_chips_verdict(tmp_path):
         from torch_npu.doctor.__main__ import main
         sys.exit(main(["--no-progress", "--target", "ascend310p3", "--json", {str(out)!r}, {str(script)!r}]))
     """, env={"NPU_EMU_PROFILE": None}, timeout=300)
-    assert "On Ascend310P3 (target 'ascend310p3'; projected with its cost model, an estimate):" in proc.stdout
-    assert "would fall back to the CPU there" in proc.stdout and "aten::bucketize: 8 calls" in proc.stdout
+    # The script ran as the target: its fallbacks are the chip's, found in the run.
+    assert "On Ascend310P3 (target 'ascend310p3'; the run emulated it" in proc.stdout
+    assert "falls back to the CPU there" in proc.stdout and "aten::bucketize.Tensor: 8 calls" in proc.stdout
     assert "bucket.py:5 (8)" in proc.stdout
-    verdict = json.loads(out.read_text())["target"]
-    assert verdict["target"] == "ascend310p3" and verdict["device_name"] == "Ascend310P3"
-    [fallback] = [f for f in verdict["fallbacks"] if f["op"] == "aten::bucketize"]
-    assert fallback["here"] == "npu" and fallback["sites"][0]["line"] == 5
+    report = json.loads(out.read_text())
+    verdict = report["target"]
+    assert verdict["target"] == "ascend310p3" and verdict["device_name"] == "Ascend310P3" and verdict["exact"]
+    [fallback] = [f for f in verdict["fallbacks"] if f["op"] == "aten::bucketize.Tensor"]
+    assert fallback["here"] == "cpu" and fallback["sites"][0]["line"] == 5
+    [finding] = [f for f in report["findings"] if f["kind"] == "cpu_fallback"]
+    assert finding["line"] == 5 and finding["details"]["op"] == "aten::bucketize.Tensor"
     if verdict["steps"]:   # the profiled window projected onto the target
         assert verdict["bound"] in ("host", "device") and verdict["kernels_per_step"] > 0
     none = run_python(f"""
@@ -518,6 +522,35 @@ def test_the_doctor_ends_with_the_target_chips_verdict(tmp_path):
     bad = run_python(f"""
         import sys
         from torch_npu.doctor.__main__ import main
-        sys.exit(main(["--target", "generic", {str(script)!r}]))
+        sys.exit(main(["--target", "ascend999", {str(script)!r}]))
     """, env={"NPU_EMU_PROFILE": None}, check=False)
-    assert bad.returncode == 2 and "--target: device profile 'generic' is no chip" in bad.stderr
+    assert bad.returncode == 2 and "--target: torch_npu: no device profile named 'ascend999'" in bad.stderr
+
+
+def test_the_cost_model_is_validated_on_other_measurements_than_its_calibration():
+    import pathlib
+    import re as _re
+    doc = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "cost_model.md").read_text()
+    table = doc.split("<!-- validation table: benchmarks/validate_cost_model.py -->")[1].split(
+        "<!-- end of the validation table -->")[0]
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    sources = torch_npu._profiles.sources()
+    calibrated, validated = {}, []
+    for role, measurement, published, projected, error, source in rows:
+        key = _re.search(r"\[([a-z0-9-]+)\]\(", source).group(1)
+        assert key in sources, key
+        figure = _re.search(r"calibrates `(\w+)`", role)
+        if figure:
+            calibrated[figure.group(1)] = (key, measurement)
+        else:
+            assert role.strip("| ") == "validation"
+            validated.append((key, measurement))
+    # Never validated on the measurement a figure was calibrated on.
+    assert not set(calibrated.values()) & set(validated)
+    assert len(validated) >= 20
+    # Each figure a profile calls calibrated has its calibration row, from the source it names.
+    for name in torch_npu._profiles.names():
+        for figure, f in (torch_npu._profiles.load(name).cost_figures or {}).items():
+            if f.basis == "calibrated":
+                assert figure in calibrated and calibrated[figure][0] == f.source, (name, figure)
+            assert f.source in sources and f.figure

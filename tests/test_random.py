@@ -253,7 +253,7 @@ def test_exponential():
 # idle stream runs at once, on the caller's thread.
 
 CPU_GENERATOR = torch.random.default_generator
-QUEUED = os.environ.get("NPU_EMU_ALWAYS_ENQUEUE", "0") not in ("", "0")
+QUEUED = any(os.environ.get(v, "0") not in ("", "0") for v in ("NPU_EMU_ALWAYS_ENQUEUE", "NPU_EMU_DEFER"))
 SEED = 1234
 # Up to 64 other seeds, until one changes the result: a tiny or lopsided result (one
 # draw of bernoulli(0.1)) often repeats by chance.

@@ -99,7 +99,8 @@ void copyHostToDevice(at::Tensor& dst, const at::Tensor& src, bool non_blocking)
     return;
   }
   runtime::tracing::Scope traced(runtime::tracing::ActivityKind::Memcpy, "Memcpy HtoD", device,
-                                 currentStream(device).id(), bytesOf(dst), runtime::CopyKind::HostToDevice);
+                                 currentStream(device).id(), bytesOf(dst), runtime::CopyKind::HostToDevice,
+                                 /*host_synchronous=*/true);
   cpuAlias(dst).copy_(src);
 }
 
@@ -129,7 +130,8 @@ void copyDeviceToHost(at::Tensor& dst, const at::Tensor& src, bool non_blocking)
     return;
   }
   runtime::tracing::Scope traced(runtime::tracing::ActivityKind::Memcpy, "Memcpy DtoH", device,
-                                 currentStream(device).id(), bytesOf(src), runtime::CopyKind::DeviceToHost);
+                                 currentStream(device).id(), bytesOf(src), runtime::CopyKind::DeviceToHost,
+                                 /*host_synchronous=*/true);
   dst.copy_(cpuAlias(src));
 }
 

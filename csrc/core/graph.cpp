@@ -1,6 +1,7 @@
 #include "graph.h"
 
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -59,12 +60,7 @@ const char* kRemedy =
     "as on CUDA: end it (capture_end() raises, nothing is replayed) and capture again without it";
 
 // Node names live as long as the process: a profiler's activities keep the pointer.
-const char* intern(const char* name) {
-  static std::mutex mutex;
-  static std::unordered_set<std::string> names;
-  std::lock_guard<std::mutex> lock(mutex);
-  return names.insert(name).first->c_str();
-}
+const char* intern(const char* name) { return runtime::tracing::intern(name); }
 
 // The capture of this thread's current stream of `device`, or nullptr. Needs g_mutex.
 Capture* captureOfCurrentStream(c10::DeviceIndex device) {
@@ -105,6 +101,7 @@ bool recordKernel(c10::DeviceIndex device, const char* name, const runtime::Kern
     node.name = intern(name);
     node.kernel = kernel;
     node.bytes = bytes;
+    node.work = runtime::tracing::takeNextWork();
   });
 }
 
@@ -116,6 +113,7 @@ bool recordRandomKernel(c10::DeviceIndex device, const char* name, std::vector<c
     node.random = std::move(kernel);
     node.sources = std::move(sources);
     node.bytes = bytes;
+    node.work = runtime::tracing::takeNextWork();
   });
 }
 
@@ -340,6 +338,10 @@ void Graph::replay() {
               "NPUGraph.replay: the current stream of npu:", static_cast<int>(device_),
               " is capturing: a replay cannot be captured into another graph");
   auto& stream = currentRuntimeStream(device_);
+  // One op in a profile (the kernels link to it), and its work is a replay's:
+  // a chip runs it without launching each kernel from the host.
+  RECORD_FUNCTION("NPUGraph.replay", std::vector<c10::IValue>());
+  runtime::tracing::ReplayScope replaying;
   // Consecutive kernels run as one launch; copies are the stream's own; host work
   // runs here, in stream order, as it does eagerly. Random kernels draw now, here.
   auto isKernel = [](const Node& n) { return static_cast<bool>(n.kernel) || static_cast<bool>(n.random); };
@@ -382,6 +384,7 @@ void Graph::replay() {
       // While a profiler records, each kernel is launched (and traced) on its own,
       // named by its op, under the replay's correlation id.
       for (std::size_t k = 0; k < count; ++k) {
+        runtime::tracing::setNextWork(first[k].work);
         translateRuntimeErrors("NPUGraph.replay", [&] {
           stream.launch(
               first[k].name,

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "../runtime/hal.h"
+#include "../runtime/tracing.h"
 
 namespace npu::graph {
 
@@ -131,6 +132,7 @@ class Graph final : public at::GraphImplInterface {
     RandomKernel random;         // a random kernel (recordRandomKernel) and its draws' sources
     std::vector<c10::IValue> sources;
     std::size_t bytes = 0;
+    runtime::tracing::Work work; // what a kernel does (its launch's WorkHint), for the profiler at replay
     void* dst = nullptr;         // a copy's
     const void* src = nullptr;
     runtime::CopyKind kind = runtime::CopyKind::HostToDevice;

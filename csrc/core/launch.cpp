@@ -3,6 +3,7 @@
 #include "../runtime/tracing.h"
 
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/record_function.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 
@@ -64,6 +65,21 @@ void launch(c10::DeviceIndex device, const char* name, runtime::Kernel kernel, s
         },
         bytes);
   });
+}
+
+void runHostKernel(c10::DeviceIndex device, const char* name, const runtime::tracing::Work& work, std::size_t bytes,
+                   const std::function<void()>& kernel) {
+  if (C10_LIKELY(!runtime::tracing::enabled())) {
+    StreamHold hold(device, name);
+    kernel();
+    return;
+  }
+  RECORD_FUNCTION(name, std::vector<c10::IValue>());
+  StreamHold hold(device, name);
+  runtime::tracing::setNextWork(work);
+  runtime::tracing::Scope traced(runtime::tracing::ActivityKind::Kernel, name, resolveDevice(device),
+                                 currentRuntimeStream(device).id(), bytes);
+  kernel();
 }
 
 bool runIfIdle(c10::DeviceIndex device, const char* name, runtime::KernelRef kernel, std::size_t bytes) {

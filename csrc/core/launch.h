@@ -8,7 +8,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+
 #include "../runtime/hal.h"
+#include "../runtime/tracing.h"
 
 namespace npu {
 
@@ -32,6 +35,14 @@ void launch(c10::DeviceIndex device, const char* name, runtime::Kernel kernel, s
 // idle and the launch policy would run it here anyway: its error raises at
 // the call, as an error of a synchronous op. False: nothing ran (launch() it).
 bool runIfIdle(c10::DeviceIndex device, const char* name, runtime::KernelRef kernel, std::size_t bytes);
+
+// Host code that computes on device memory in stream order (inductor's generated
+// kernels, called from Python): runs `kernel` on this thread holding the current
+// stream of `device`, after the work queued before it. While a profiler records
+// it is one op named `name` and one kernel whose work is `work`, so that it is
+// projected as a kernel launch, in a graph replay as a replayed kernel.
+void runHostKernel(c10::DeviceIndex device, const char* name, const runtime::tracing::Work& work, std::size_t bytes,
+                   const std::function<void()>& kernel);
 
 // Bytes a kernel reads or writes, the size hint for launch().
 inline std::size_t bytesOf(const at::Tensor& t) { return t.defined() ? t.numel() * t.itemsize() : 0; }

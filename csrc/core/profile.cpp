@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "device.h"
+#include "graph.h"
 
 namespace npu::profile {
 namespace {
@@ -150,6 +151,14 @@ const CostModel& projectionCost() {
   return *chip->cost;
 }
 
+CostModel costOf(const std::string& name) {
+  if (name.empty()) return projectionCost();
+  auto profile = find(name);
+  TORCH_CHECK(profile->cost.has_value(), "torch_npu: device profile '", name,
+              "' has no cost model to project onto; pick a chip profile");
+  return *profile->cost;
+}
+
 void setProjectionTarget(const std::string& name) {
   if (name.empty()) {
     g_projection_target.store(nullptr);
@@ -163,18 +172,36 @@ void setProjectionTarget(const std::string& name) {
   g_projection_target.store(profile.get());
 }
 
-int64_t projectKernelNs(const CostModel& cost, const KernelWork& work) {
-  const bool half = work.dtype == c10::kHalf || work.dtype == c10::kBFloat16 || !c10::isFloatingType(work.dtype);
-  double peak_tflops = work.cube ? (half ? cost.cube_fp16_tflops : cost.cube_fp32_tflops)
-                                 : (half ? cost.vector_fp16_tflops : cost.vector_fp16_tflops / 2);
-  const double compute_ns = peak_tflops > 0 ? work.flops / (peak_tflops * 1e3) : 0;  // TFLOP/s = 1e3 FLOP/ns
-  const double memory_ns = cost.memory_gbps > 0 ? work.bytes / cost.memory_gbps : 0;  // GB/s = B/ns
-  return static_cast<int64_t>(cost.launch_us * 1e3 + std::max(compute_ns, memory_ns) + 0.5);
+runtime::tracing::Work describe(const KernelWork& work) {
+  runtime::tracing::Work out;
+  out.flops = work.flops;
+  out.bytes = work.bytes;
+  out.matrix = work.cube;
+  const auto t = work.dtype;
+  out.bits = (t == c10::kHalf || t == c10::kBFloat16) ? 16
+             : (t == c10::kChar || t == c10::kByte || t == c10::kQInt8 || t == c10::kQUInt8) ? 8
+                                                                                              : 32;
+  out.known = true;
+  return out;
 }
 
-int64_t projectCopyNs(const CostModel& cost, double bytes, bool crosses_link) {
+int64_t projectKernelNs(const CostModel& cost, const runtime::tracing::Work& work, bool in_graph) {
+  double peak_tflops = 0;
+  if (work.matrix) {
+    peak_tflops = work.bits <= 8 ? cost.cube_int8_tops : work.bits <= 16 ? cost.cube_fp16_tflops : cost.cube_fp32_tflops;
+  } else {
+    peak_tflops = work.bits <= 16 ? cost.vector_fp16_tflops : cost.vector_fp16_tflops / 2;
+  }
+  const double compute_ns = work.known && peak_tflops > 0 ? work.flops / (peak_tflops * 1e3) : 0;  // TFLOP/s = 1e3 FLOP/ns
+  const double memory_ns = cost.memory_gbps > 0 ? work.bytes / cost.memory_gbps : 0;  // GB/s = B/ns
+  const double overhead_us = in_graph ? cost.graph_kernel_overhead_us : cost.kernel_overhead_us;
+  return static_cast<int64_t>(overhead_us * 1e3 + std::max(compute_ns, memory_ns) + 0.5);
+}
+
+int64_t projectCopyNs(const CostModel& cost, double bytes, bool crosses_link, bool in_graph) {
   const double gbps = crosses_link ? cost.link_gbps : cost.memory_gbps / 2;  // within: read and write
-  return static_cast<int64_t>(cost.launch_us * 1e3 + (gbps > 0 ? bytes / gbps : 0) + 0.5);
+  const double overhead_us = in_graph ? cost.graph_kernel_overhead_us : cost.kernel_overhead_us;
+  return static_cast<int64_t>(overhead_us * 1e3 + (gbps > 0 ? bytes / gbps : 0) + 0.5);
 }
 
 namespace {
@@ -314,13 +341,26 @@ KernelWork estimateWork(const c10::OperatorHandle& op, const torch::jit::Stack& 
   if (auto flops = cubeFlops(schema.name(), stack, begin)) {
     work.cube = true;
     work.flops = *flops;
+    // A matrix product writes its result once: M x N per batch, large beside its operands
+    // when the inner dimension is short (attention's scores).
+    if (!has_out) {
+      const auto& name = schema.name();
+      const bool plain = name == "aten::mm" || name == "aten::bmm" || name == "aten::matmul";
+      const bool added = name == "aten::addmm" || name == "aten::baddbmm" || name == "aten::_addmm_activation";
+      const at::Tensor* a = tensorAt(stack, begin, plain ? 0 : 1);
+      const at::Tensor* b = tensorAt(stack, begin, plain ? 1 : 2);
+      if ((plain || added) && a != nullptr && b != nullptr && a->dim() >= 2 && b->dim() >= 2 && a->size(-1) > 0) {
+        work.bytes += elements(*a) / static_cast<double>(a->size(-1)) * static_cast<double>(b->size(-1)) *
+                      static_cast<double>(c10::elementSize(work.dtype));
+      }
+    }
     // int8 (and int4) matmuls run at the matrix unit's fastest rate, not their float scales'
     if (begin < stack.size()) {
       eachTensor(stack[begin], [&](const at::Tensor& t) {
         if (t.defined() && (t.scalar_type() == at::kChar || t.scalar_type() == at::kInt)) work.dtype = at::kChar;
       });
     }
-    return work;  // the output is small beside the operands' traffic for these ops
+    return work;
   }
   work.flops = largest;  // one operation per element of the largest operand
   // A functional op also writes a result about the size of its largest operand.
@@ -328,9 +368,10 @@ KernelWork estimateWork(const c10::OperatorHandle& op, const torch::jit::Stack& 
   return work;
 }
 
-int64_t projectedKernelNs(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  const DeviceProfile* chip = projectionProfile();
-  return chip != nullptr ? projectKernelNs(*chip->cost, estimateWork(op, stack)) : 0;
+runtime::tracing::Work workOf(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  return describe(estimateWork(op, stack));
 }
+
+bool describingWork() { return runtime::tracing::enabled() || graph::anyCapture(); }
 
 }  // namespace npu::profile

@@ -11,6 +11,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/ScalarType.h>
 
+#include "../runtime/tracing.h"
+
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -20,15 +22,19 @@
 
 namespace npu::profile {
 
-// Throughputs and latencies of a chip, each from a named source (the profile's
-// file says which are estimates). Absent for the generic device.
+// The device side of a chip's cost model, each figure from a named source (the
+// profile's file gives it). The host side (the adapter's dispatch per op, the
+// latency of a wait) is projected in Python (torch_npu/profiler/_projection.py),
+// which reads the same file. Absent for the generic device.
 struct CostModel {
-  double launch_us = 0;           // per kernel or copy: launch and scheduling overhead
-  double cube_fp16_tflops = 0;    // matrix unit, float16 and bfloat16
-  double cube_fp32_tflops = 0;    // matrix unit, float32
-  double vector_fp16_tflops = 0;  // vector units, 16-bit types (float32 at half)
-  double memory_gbps = 0;         // device memory bandwidth, GB/s
-  double link_gbps = 0;           // host <-> device link, GB/s each way
+  double kernel_overhead_us = 0;        // per kernel or copy in an eager stream: scheduling, start, completion
+  double graph_kernel_overhead_us = 0;  // the same for a kernel of a replayed graph
+  double cube_fp16_tflops = 0;          // matrix unit, float16 and bfloat16
+  double cube_fp32_tflops = 0;          // matrix unit, float32
+  double cube_int8_tops = 0;            // matrix unit, int8 (and packed int4)
+  double vector_fp16_tflops = 0;        // vector units, 16-bit types (float32 at half)
+  double memory_gbps = 0;               // device memory bandwidth, GB/s
+  double link_gbps = 0;                 // host <-> device link, GB/s each way
 };
 
 struct DeviceProfile {
@@ -112,28 +118,35 @@ void setProjectionTarget(const std::string& name);
 // The cost model of projectionProfile(); throws c10::Error, naming the active
 // profile, when there is none.
 const CostModel& projectionCost();
+// The cost model of profile `name` ("": projectionCost()); throws c10::Error when it has none.
+CostModel costOf(const std::string& name);
 
-// What a kernel does, for its projected time.
+// What a kernel does, for its projected time, as ATen describes it.
 struct KernelWork {
   double flops = 0;
   bool cube = false;  // runs on the matrix unit (matmul, convolution, attention)
   c10::ScalarType dtype = c10::kFloat;
   double bytes = 0;   // read and written in device memory
 };
+// The same as the runtime's traces carry it (runtime/tracing.h): the precision in bits.
+runtime::tracing::Work describe(const KernelWork& work);
 
-// Launch overhead plus the longer of compute at the chip's peak for the unit
-// and dtype and memory traffic at its bandwidth, in nanoseconds.
-int64_t projectKernelNs(const CostModel& cost, const KernelWork& work);
+// The longer of compute at the chip's peak for the unit and precision and memory
+// traffic at its bandwidth, plus the per-kernel overhead of an eager stream or,
+// `in_graph`, of a replayed graph; in nanoseconds. Unknown work (nothing described
+// it) is projected from its bytes alone.
+int64_t projectKernelNs(const CostModel& cost, const runtime::tracing::Work& work, bool in_graph = false);
 // A copy of `bytes` over the host link (host_to_or_from_device) or within device memory.
-int64_t projectCopyNs(const CostModel& cost, double bytes, bool crosses_link);
+int64_t projectCopyNs(const CostModel& cost, double bytes, bool crosses_link, bool in_graph = false);
 // The work of aten op `op` on the arguments in `stack` (its last
 // schema().arguments().size() entries): FLOPs by formula for the matrix ops,
 // one per output element for the others; bytes of every tensor argument plus
 // an estimate of the output.
 KernelWork estimateWork(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
-// The projected time of `op` on the arguments in `stack` on projectionProfile()'s
-// chip, in nanoseconds; 0 without a projection profile. The kernels' one way
-// to stamp their launch (tracing::Projection) while a profiler runs.
-int64_t projectedKernelNs(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
+// describe(estimateWork(op, stack)): what the kernels stamp on their launch
+// (runtime::tracing::WorkHint) while a profiler records or a graph captures.
+runtime::tracing::Work workOf(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
+// Whether a kernel launched now should describe its work (one relaxed load each).
+bool describingWork();
 
 }  // namespace npu::profile

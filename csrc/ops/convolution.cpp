@@ -112,8 +112,8 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
   for (const auto* t : {&input, &weight, &bias_t}) {
     if (t->defined()) checkChipDtype(t->scalar_type(), "aten::convolution");
   }
-  runtime::tracing::Projection projected(
-      runtime::tracing::enabled() ? profile::projectedKernelNs(convolutionOp(), boxed()) : 0);
+  std::optional<runtime::tracing::WorkHint> work;
+  if (C10_UNLIKELY(profile::describingWork())) work.emplace(profile::workOf(convolutionOp(), boxed()));
   HostExecution exec(input.device(), "aten::convolution");
   auto out = at::convolution(onCube(exec.alias(input)), onCube(exec.alias(weight)), onCube(exec.alias(bias_t)),
                              stride, padding, dilation, transposed, output_padding, groups);
@@ -147,8 +147,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
                           });
   }
   for (const auto* t : {&grad_output, &input, &weight}) checkChipDtype(t->scalar_type(), "aten::convolution_backward");
-  runtime::tracing::Projection projected(
-      runtime::tracing::enabled() ? profile::projectedKernelNs(convolutionBackwardOp(), boxed()) : 0);
+  std::optional<runtime::tracing::WorkHint> work;
+  if (C10_UNLIKELY(profile::describingWork())) work.emplace(profile::workOf(convolutionBackwardOp(), boxed()));
   HostExecution exec(input.device(), "aten::convolution_backward");
   auto [gi, gw, gb] = at::convolution_backward(onCube(exec.alias(grad_output)), onCube(exec.alias(input)),
                                                onCube(exec.alias(weight)), bias_arg, stride, padding, dilation,

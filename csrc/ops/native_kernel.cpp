@@ -5,6 +5,7 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/TypeProperties.h>
 #include <c10/core/DeviceGuard.h>
@@ -232,22 +233,79 @@ void recordCaptured(const c10::OperatorHandle& op, std::vector<c10::IValue> args
       bytes);
 }
 
-// An op the npu runs on the host thread, met while the current stream captures a
-// graph: the host cannot run it now (its inputs are computed only at replay), so
-// its outputs are allocated from the Meta kernel's geometry (from the graph's
-// pool) and a kernel is recorded that computes it at each replay and copies the
-// results into them. Views run now: they read no data.
-void captureHostOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device,
-                   c10::DispatchKeySet cpu_keys) {
+// The result dtypes of `op`'s CPU kernel for inputs of these dtypes, where its Meta
+// kernel gives a floating result in a dtype no input has (they may disagree:
+// native_layer_norm's mean and rstd of a float16 input are float32 from Meta,
+// float16 from the CPU): found once, by the CPU kernel on zeros of the inputs'
+// geometry; empty when the CPU kernel refuses zeros (Meta's dtypes then stand).
+std::vector<std::optional<c10::ScalarType>> cpuResultTypes(const c10::OperatorHandle& op,
+                                                           const std::vector<c10::IValue>& inputs,
+                                                           c10::DispatchKeySet cpu_keys) {
+  std::string key = op.schema().name() + "." + op.schema().overload_name();
+  for (const auto& v : inputs) {
+    dispatch::forEachTensor(v, [&](const at::Tensor& t, bool) {
+      key += t.defined() ? std::string(":") + c10::toString(t.scalar_type()) + "/" + std::to_string(t.dim()) : ":-";
+    });
+  }
+  static std::mutex mutex;
+  static std::unordered_map<std::string, std::vector<std::optional<c10::ScalarType>>> known;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = known.find(key);
+    if (it != known.end()) return it->second;
+  }
+  std::vector<std::optional<c10::ScalarType>> types;
+  torch::jit::Stack probe;
+  for (const auto& v : inputs) {
+    if (v.isDevice() && v.toDevice().type() == kNPU) {
+      probe.emplace_back(c10::Device(c10::kCPU));
+      continue;
+    }
+    probe.push_back(dispatch::mapTensors(v, [](const at::Tensor& t, bool) {
+      return t.defined() ? at::zeros(t.sizes(), t.options().device(c10::kCPU)) : t;
+    }));
+  }
+  try {
+    op.redispatchBoxed(cpu_keys, &probe);
+    for (const auto& v : probe) {
+      types.push_back(v.isTensor() && v.toTensor().defined() ? std::optional(v.toTensor().scalar_type()) : std::nullopt);
+    }
+  } catch (const std::exception&) {
+    types.clear();   // the CPU kernel refuses zeros (a factorisation)
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  known.emplace(key, types);
+  return types;
+}
+
+// An op the npu runs on the host thread, launched instead as a kernel: its outputs
+// are allocated now from the Meta kernel's geometry and the kernel computes it and
+// copies the results into them. Under a graph capture (the host cannot run it: its
+// inputs are computed only at replay; its outputs come from the graph's pool) it is
+// recorded, or refused with the reason. Otherwise (while a profiler projects onto a
+// chip, tracing::projecting(): kept off the host's thread) false when it cannot be
+// launched so, and the caller runs it on the host. Views run now: they read no data.
+bool launchHostOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device,
+                  c10::DispatchKeySet cpu_keys, bool capturing) {
   const auto& schema = op.schema();
   const std::string& name = schema.name();
   const size_t n = schema.arguments().size();
   const size_t begin = stack->size() - n;
   const int64_t stream = currentStream(device.index()).id();
+  auto refuse = [&](const std::string& why) {
+    if (capturing) graph::refuseInCapture(device.index(), stream, name, why);
+    return false;
+  };
   const std::vector<c10::IValue> inputs(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
   if (!op.hasKernelForDispatchKey(c10::DispatchKey::Meta)) {
-    graph::refuseInCapture(device.index(), stream, name, "the npu runs it on the host and, without a Meta kernel, "
-                           "the shape of its result is known only from the data; run it before or after the capture");
+    return refuse("the npu runs it on the host and, without a Meta kernel, the shape of its result is known only "
+                  "from the data; run it before or after the capture");
+  }
+  if (!capturing) {   // random ops draw at the call: they stay on the host
+    if (dispatch::isRandomWithoutGeneratorArgument(op)) return false;
+    for (size_t i = 0; i < n; ++i) {
+      if (isGeneratorValue(inputs[i], schema.arguments()[i])) return false;
+    }
   }
   torch::jit::Stack meta;
   for (const auto& v : inputs) {
@@ -258,9 +316,30 @@ void captureHostOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10:
   } catch (const std::exception& e) {
     std::string why = e.what();
     why = why.substr(0, why.find('\n'));
-    graph::refuseInCapture(device.index(), stream, name, "the shape of its result depends on the data (" + why +
-                           "), which a replay cannot change; run it before or after the capture, or use an op of "
-                           "fixed output shape (torch.where instead of boolean indexing)");
+    return refuse("the shape of its result depends on the data (" + why + "), which a replay cannot change; run it "
+                  "before or after the capture, or use an op of fixed output shape (torch.where instead of boolean "
+                  "indexing)");
+  }
+  // Meta's dtypes, unless the CPU kernel (which the launched kernel runs) gives others.
+  std::set<c10::ScalarType> input_types;
+  for (const auto& v : inputs) {
+    dispatch::forEachTensor(v, [&](const at::Tensor& t, bool) {
+      if (t.defined()) input_types.insert(t.scalar_type());
+    });
+  }
+  bool foreign = false;
+  for (const auto& v : meta) {
+    dispatch::forEachTensor(v, [&](const at::Tensor& t, bool) {
+      foreign = foreign || (t.defined() && c10::isFloatingType(t.scalar_type()) && !input_types.count(t.scalar_type()));
+    });
+  }
+  if (foreign) {
+    const auto types = cpuResultTypes(op, inputs, cpu_keys);
+    for (size_t r = 0; r < meta.size() && r < types.size(); ++r) {
+      if (meta[r].isTensor() && types[r] && meta[r].toTensor().scalar_type() != *types[r]) {
+        meta[r] = metaLike(meta[r].toTensor()).to(*types[r]);
+      }
+    }
   }
   // The results: an argument the op writes (in place, out=) is returned as itself
   // (it must have its result's shape already: a capture cannot resize it); a new
@@ -285,16 +364,16 @@ void captureHostOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10:
       all_fresh = false;
       const c10::IValue& given = inputs[*argument];
       if (given.isTensor() && shape.isTensor() && given.toTensor().sizes() != shape.toTensor().sizes()) {
-        graph::refuseInCapture(device.index(), stream, name, "its out= tensor must be resized to the result's "
-                               "shape, which a captured graph cannot do; pass an out= tensor of the result's shape");
+        return refuse("its out= tensor must be resized to the result's shape, which a captured graph cannot do; "
+                      "pass an out= tensor of the result's shape");
       }
       results.push_back(given);
       targets.emplace_back();
       continue;
     }
     if (!shape.isTensor() && !shape.isTensorList()) {
-      graph::refuseInCapture(device.index(), stream, name, std::string("it returns ") + shape.tagKind() +
-                             ", a value the host reads from the data; run it before or after the capture");
+      return refuse(std::string("it returns ") + shape.tagKind() +
+                    ", a value the host reads from the data; run it before or after the capture");
     }
     c10::IValue fresh = dispatch::mapTensors(shape, [&](const at::Tensor& m, bool) {
       return at::empty_strided(m.sizes(), m.strides(), m.options().device(device));
@@ -310,6 +389,10 @@ void captureHostOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10:
     if (isGeneratorValue(v, schema.arguments()[i])) {
       generators.emplace_back(i, v);
       args.push_back(v);
+      continue;
+    }
+    if (v.isDevice() && v.toDevice().type() == kNPU) {   // a factory's: its CPU kernel makes host memory
+      args.emplace_back(c10::Device(c10::kCPU));
       continue;
     }
     args.push_back(dispatch::mapTensors(v, [&](const at::Tensor& t, bool) -> at::Tensor {
@@ -336,6 +419,7 @@ void captureHostOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10:
   }
   torch::jit::drop(*stack, n);
   for (auto& v : results) stack->push_back(std::move(v));
+  return true;
 }
 
 // Ops whose output size depends on the data (boolean indexing among them): a real
@@ -469,8 +553,8 @@ void NativeKernel::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet
     return;
   }
   checkChipDtypes(op, *stack);
-  std::optional<runtime::tracing::Projection> projection;  // for the profiler: this kernel's time on the chip
-  if (C10_UNLIKELY(runtime::tracing::enabled())) projection.emplace(profile::projectedKernelNs(op, *stack));
+  std::optional<runtime::tracing::WorkHint> work;  // for the profiler: what the kernel does
+  if (C10_UNLIKELY(profile::describingWork())) work.emplace(profile::workOf(op, *stack));
   if (!t.is_view) {
     if (auto refused = refusedDtype(op, *stack)) {
       const dispatch::DtypeRefusal refusal{c10::toString(*refused), supportedDtypes()};
@@ -582,10 +666,13 @@ void NativeKernel::runOnHost(const c10::OperatorHandle& op, torch::jit::Stack* s
   std::optional<graph::HostWorkAllowed> view_in_capture;   // a view reads no data: it runs now
   if (C10_UNLIKELY(graph::currentStreamCapturing(device.index()))) {
     if (!returnsView(schema)) {
-      captureHostOp(op, stack, device, cpu_keys);
+      launchHostOp(op, stack, device, cpu_keys, /*capturing=*/true);
       return;
     }
     view_in_capture.emplace();
+  } else if (C10_UNLIKELY(runtime::tracing::projecting()) && !returnsView(schema) &&
+             launchHostOp(op, stack, device, cpu_keys, /*capturing=*/false)) {
+    return;
   }
   if (C10_UNLIKELY(syncDebugMode() != 0) &&
       sizeDependsOnData(schema.name(), *stack, stack->size() - schema.arguments().size())) {

@@ -7,7 +7,10 @@
 // this thread when the stream is idle, else queued on the stream. That is the
 // cpu's own functional path plus an alias per tensor, with no second meta step.
 // Anything unusual (a dtype the npu lacks, an op policy, a cpu tensor that is
-// not a scalar) goes to the op library's generic kernel instead.
+// not a scalar) goes to the op library's generic kernel instead, and so does
+// every call while a graph captures: ATen's impl step may change the class's
+// TensorIterator (a CPU scalar operand is folded into the loop), so a replay
+// must build its own each time, as the generic kernel's recorded call does.
 #include <ATen/EmptyTensor.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/native/TypeProperties.h>
@@ -58,6 +61,7 @@
 
 #include "../core/allocator.h"
 #include "../core/device.h"
+#include "../core/graph.h"
 #include "../core/launch.h"
 #include "../core/profile.h"
 #include "../dispatch/fallback.h"
@@ -275,7 +279,7 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
     static const bool on_chip = profile::runsNatively(chip, op);
     FastPathCheck check{generic};
     (check(args), ...);
-    if (!check.ok || !check.device || !check.noConversion() || policy.retryOnKernelError() || !on_chip ||
+    if (!check.ok || !check.device || !check.noConversion() || policy.retryOnKernelError() || graph::anyCapture() || !on_chip ||
         !chip.bfloat16 || !chip.inf_nan ||
         (policy.hasOpPolicies() && policy.opPolicy(Op::name) != dispatch::OpPolicy::Default)) {
       return run_generic();
@@ -291,11 +295,11 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
     const bool low_precision = out.scalar_type() == c10::kHalf || out.scalar_type() == c10::kBFloat16;
     if (!generic.accepts(out.scalar_type()) || (low_precision && isCubeOp(op))) return run_generic();
     bytes += bytesOf(out);
-    std::optional<runtime::tracing::Projection> projection;  // for the profiler: this kernel's time on the chip
-    if (C10_UNLIKELY(runtime::tracing::enabled())) {
+    std::optional<runtime::tracing::WorkHint> work;  // for the profiler: what the kernel does
+    if (C10_UNLIKELY(profile::describingWork())) {
       torch::jit::Stack stack;
       torch::jit::push(stack, args...);
-      projection.emplace(profile::projectedKernelNs(op, stack));
+      work.emplace(profile::workOf(op, stack));
     }
     // An idle stream runs the impl step here and now, as the cpu would; else it
     // queues behind the stream's work. (A capture records it: launch().)
@@ -334,7 +338,7 @@ struct InPlaceKernel<Op, InPlaceName, void (M::*)(const at::Tensor&, Rest...)> {
     check(self);
     (check(rest), ...);
     if (!check.ok || !self.defined() || self.device().type() != kNPU || !check.noConversion() ||
-        policy.retryOnKernelError() || !on_chip ||
+        policy.retryOnKernelError() || graph::anyCapture() || !on_chip ||
         !chip.bfloat16 || !chip.inf_nan ||
         (policy.hasOpPolicies() && policy.opPolicy(InPlaceName) != dispatch::OpPolicy::Default)) {
       return run_generic();
@@ -347,11 +351,11 @@ struct InPlaceKernel<Op, InPlaceName, void (M::*)(const at::Tensor&, Rest...)> {
     call->in_place = true;
     call->out_alias = std::move(self_alias);  // the input's own alias: a full overlap, as on the cpu
     call->runMeta();
-    std::optional<runtime::tracing::Projection> projection;
-    if (C10_UNLIKELY(runtime::tracing::enabled())) {
+    std::optional<runtime::tracing::WorkHint> work;
+    if (C10_UNLIKELY(profile::describingWork())) {
       torch::jit::Stack stack;
       torch::jit::push(stack, self, rest...);
-      projection.emplace(profile::projectedKernelNs(op, stack));
+      work.emplace(profile::workOf(op, stack));
     }
     const auto index = self.device().index();
     if (!runIfIdle(index, InPlaceName, [&call] { call->runImpl(); }, bytes)) {
@@ -409,7 +413,7 @@ at::Tensor catKernel(const at::ITensorListRef& tensors, int64_t dim) {
     check(t);
     npu_only = npu_only && t.defined() && t.device().type() == kNPU;
   }
-  if (!npu_only || !check.ok || !check.device || policy.retryOnKernelError() || !on_chip || !chip.bfloat16 ||
+  if (!npu_only || !check.ok || !check.device || policy.retryOnKernelError() || graph::anyCapture() || !on_chip || !chip.bfloat16 ||
       !chip.inf_nan || (policy.hasOpPolicies() && policy.opPolicy("aten::cat") != dispatch::OpPolicy::Default)) {
     return run_generic();
   }
@@ -426,11 +430,11 @@ at::Tensor catKernel(const at::ITensorListRef& tensors, int64_t dim) {
   at::Tensor out = std::move(call->out);  // the caller's: a queued kernel never owns it (core/launch.h)
   if (!generic.accepts(out.scalar_type())) return run_generic();
   bytes += bytesOf(out);
-  std::optional<runtime::tracing::Projection> projection;
-  if (C10_UNLIKELY(runtime::tracing::enabled())) {
+  std::optional<runtime::tracing::WorkHint> work;
+  if (C10_UNLIKELY(profile::describingWork())) {
     torch::jit::Stack stack;
     torch::jit::push(stack, std::vector<at::Tensor>(tensors.begin(), tensors.end()), dim);
-    projection.emplace(profile::projectedKernelNs(op, stack));
+    work.emplace(profile::workOf(op, stack));
   }
   const auto index = check.device->index();
   if (!runIfIdle(index, "aten::cat", [&call] { call->runImpl(); }, bytes)) {

@@ -182,6 +182,10 @@ c10::Scalar localScalarDense(const at::Tensor& self) {
     return self.cpu().item();
   }
   StreamHold hold(self.device().index(), "Tensor.item()");
+  // A read of device memory by the host, after the stream's work: a copy to the host for the profiler.
+  runtime::tracing::Scope traced(runtime::tracing::ActivityKind::Memcpy, "Memcpy DtoH", self.device().index(),
+                                 currentStream(self.device().index()).id(), self.itemsize(),
+                                 runtime::CopyKind::DeviceToHost, /*host_synchronous=*/true);
   return cpuAlias(self).item();
 }
 

@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -94,23 +95,28 @@ const char* projectedKind(tracing::ActivityKind kind) {
   return "kernel";
 }
 
-// What `a` would take on the chip: a kernel its projection from the op library
-// (FLOPs and bytes) or, without one, a memory-bound estimate from its bytes; a
-// copy over the host link or within device memory; a CPU fallback its copies
-// both ways over the link plus its host work, which the host does on the real
-// system too: its duration less the emulated device work inside it
-// (`nested_ns`, see NestedInFallbacks). 0 for host waits.
-int64_t projectNs(const profile::CostModel& cost, const tracing::Activity& a, int64_t nested_ns) {
+// What `a` does, for its projection: a kernel's described work (the op library's
+// FLOPs and bytes) or, without one, its bytes alone (memory-bound).
+tracing::Work workOf(const tracing::Activity& a) {
+  tracing::Work work = a.work;
+  if (!work.known) work.bytes = static_cast<double>(a.bytes);
+  return work;
+}
+
+// What `a` would take on the chip: a kernel its projection from its work; a copy
+// over the host link or within device memory; a CPU fallback its copies both ways
+// over the link plus its host work, which the host does on the real system too:
+// its duration less the emulated device work inside it (`nested_ns`, see
+// NestedInFallbacks), returned in `host_ns` as well. 0 for host waits.
+int64_t projectNs(const profile::CostModel& cost, const tracing::Activity& a, int64_t nested_ns, int64_t* host_ns) {
   switch (a.kind) {
-    case tracing::ActivityKind::Kernel:
-      if (a.projected_ns > 0) return a.projected_ns;
-      return profile::projectKernelNs(cost, profile::KernelWork{0, false, c10::kFloat, static_cast<double>(a.bytes)});
+    case tracing::ActivityKind::Kernel: return profile::projectKernelNs(cost, workOf(a), a.in_graph);
     case tracing::ActivityKind::Memcpy:
       return profile::projectCopyNs(cost, static_cast<double>(a.bytes),
-                                    a.copy_kind != runtime::CopyKind::DeviceToDevice);
+                                    a.copy_kind != runtime::CopyKind::DeviceToDevice, a.in_graph);
     case tracing::ActivityKind::Fallback:
-      return profile::projectCopyNs(cost, static_cast<double>(a.bytes), true) +
-             std::max<int64_t>(0, a.end_ns - a.start_ns - nested_ns);
+      *host_ns = std::max<int64_t>(0, a.end_ns - a.start_ns - nested_ns);
+      return profile::projectCopyNs(cost, static_cast<double>(a.bytes), true) + *host_ns;
     case tracing::ActivityKind::Synchronize: break;
   }
   return 0;
@@ -180,15 +186,22 @@ void drainAllStreams() {
 class NpuSession final : public libkineto::IActivityProfilerSession {
  public:
   ~NpuSession() override {
-    if (status_ == libkineto::TraceStatus::RECORDING) tracing::stop();  // dropped without stop()
+    if (status_ == libkineto::TraceStatus::RECORDING) {  // dropped without stop()
+      tracing::setProjecting(false);
+      tracing::stop();
+    }
   }
   void start() override {
+    // Projected onto a chip, the host's own time between launches counts: the
+    // runtime keeps device work off the host's threads meanwhile (tracing.h).
+    tracing::setProjecting(profile::projectionProfile() != nullptr);
     tracing::start();
     status_ = libkineto::TraceStatus::RECORDING;
   }
   void stop() override {
     // Queued kernels finish (and report their memory) before the trace ends.
     drainAllStreams();
+    tracing::setProjecting(false);
     activities_ = tracing::stop();
     status_ = libkineto::TraceStatus::PROCESSING;
   }
@@ -207,6 +220,7 @@ class NpuSession final : public libkineto::IActivityProfilerSession {
     const std::optional<profile::CostModel> cost = chip != nullptr ? chip->cost : std::nullopt;
     std::vector<Projected> projections;
     std::map<std::pair<int, int64_t>, int64_t> chip_stream_end;  // where each stream's projected work ends
+    std::set<uint64_t> flow_started;                             // correlation ids whose launch is recorded
     const std::optional<NestedInFallbacks> nested =
         cost ? std::optional<NestedInFallbacks>(std::in_place, activities_) : std::nullopt;
     for (size_t index = 0; index < activities_.size(); ++index) {
@@ -234,10 +248,15 @@ class NpuSession final : public libkineto::IActivityProfilerSession {
       act.linked = op;
       if (a.correlation != 0 && a.kind != tracing::ActivityKind::Synchronize) {
         // The flow arrow ends here and starts at the launch, on the host
-        // thread inside the op (as cudaLaunchKernel's does for CUDA).
+        // thread inside the op (as cudaLaunchKernel's does for CUDA). The kernels
+        // of one op share its correlation id: the flow starts once, at the first
+        // launch (a graph replay's kernels too, as cudaGraphLaunch's do).
         act.flow.id = static_cast<uint32_t>(a.correlation);
         act.flow.type = libkineto::kLinkAsyncCpuGpu;
         act.flow.start = 0;
+      }
+      if (a.correlation != 0 && a.kind != tracing::ActivityKind::Synchronize &&
+          flow_started.insert(a.correlation).second) {
         buffer_->emplace_activity(buffer_->span, ActivityType::PRIVATEUSE1_RUNTIME, launchName(a.kind));
         auto& launch = *buffer_->activities.back();
         launch.startTime = launch.endTime = a.launch_ns;
@@ -268,7 +287,12 @@ class NpuSession final : public libkineto::IActivityProfilerSession {
         p.correlation = a.correlation;
         p.device = a.device;
         p.stream = a.stream;
-        p.projected_ns = projectNs(*cost, a, nested->device_ns[index]);
+        p.projected_ns = projectNs(*cost, a, nested->device_ns[index], &p.host_ns);
+        p.work = workOf(a);
+        p.in_graph = a.in_graph;
+        p.host_synchronous = a.host_synchronous;
+        p.crosses_link = a.kind == tracing::ActivityKind::Fallback ||
+                         (a.kind == tracing::ActivityKind::Memcpy && a.copy_kind != runtime::CopyKind::DeviceToDevice);
         int64_t& stream_end = chip_stream_end[{a.device, a.stream}];
         p.start_ns = std::max(a.launch_ns, stream_end);
         stream_end = p.start_ns + p.projected_ns;

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "../runtime/tracing.h"
+
 namespace npu::profiler {
 
 // One kernel, copy or CPU fallback as the device profile's chip would run it
@@ -19,6 +21,12 @@ struct Projected {
   const char* kind = "";          // "kernel", "memcpy" or "fallback"
   std::string name;               // as the trace names the activity
   int64_t measured_start_ns = 0;  // the activity's start as the emulator ran it (its Kineto event's)
+  // What it does, so that it can be projected onto other chips too (profile::projectKernelNs).
+  runtime::tracing::Work work;
+  bool in_graph = false;          // launched by a graph replay
+  bool crosses_link = false;      // a copy (or a fallback's copies) between host and device memory
+  int64_t host_ns = 0;            // a fallback's host work, part of projected_ns
+  bool host_synchronous = false;  // the launching thread waited for it (a copy from pageable memory)
 };
 
 // The last processed profiling session's projections, in the order they

@@ -116,9 +116,11 @@ void bindRuntime(py::module_& m) {
     if (!d["cost"].is_none()) {
       py::dict c = d["cost"];
       npu::profile::CostModel cost;
-      cost.launch_us = c["launch_us"].cast<double>();
+      cost.kernel_overhead_us = c["kernel_overhead_us"].cast<double>();
+      cost.graph_kernel_overhead_us = c["graph_kernel_overhead_us"].cast<double>();
       cost.cube_fp16_tflops = c["cube_fp16_tflops"].cast<double>();
       cost.cube_fp32_tflops = c["cube_fp32_tflops"].cast<double>();
+      cost.cube_int8_tops = c["cube_int8_tops"].cast<double>();
       cost.vector_fp16_tflops = c["vector_fp16_tflops"].cast<double>();
       cost.memory_gbps = c["memory_gbps"].cast<double>();
       cost.link_gbps = c["link_gbps"].cast<double>();
@@ -127,12 +129,15 @@ void bindRuntime(py::module_& m) {
     npu::profile::define(std::move(p));
   });
   // The last profiling session's projections onto the profile's chip:
-  // (correlation, device, stream, start_ns, projected_ns, kind, name, measured_start_ns).
+  // (correlation, device, stream, start_ns, projected_ns, kind, name, measured_start_ns,
+  //  flops, bytes, matrix, bits, known, in_graph, crosses_link, host_ns, host_synchronous).
   m.def("_profiler_projections", [] {
     py::list out;
     for (const auto& p : npu::profiler::lastProjections()) {
       out.append(py::make_tuple(p.correlation, p.device, p.stream, p.start_ns, p.projected_ns, p.kind, p.name,
-                                p.measured_start_ns));
+                                p.measured_start_ns, p.work.flops, p.work.bytes, p.work.matrix,
+                                static_cast<int>(p.work.bits), p.work.known, p.in_graph, p.crosses_link, p.host_ns,
+                                p.host_synchronous));
     }
     return out;
   });
@@ -144,14 +149,24 @@ void bindRuntime(py::module_& m) {
     const auto* chip = npu::profile::projectionProfile();
     return chip != nullptr ? py::cast(chip->name) : py::none();
   });
-  // Projected times of the cost model, for tests and torch_npu.profiler: (ns).
-  m.def("_project_kernel_ns", [](double flops, bool cube, py::object dtype, double bytes) {
-    npu::profile::KernelWork work{flops, cube, torch::python::detail::py_object_to_dtype(dtype), bytes};
-    return npu::profile::projectKernelNs(npu::profile::projectionCost(), work);
-  });
-  m.def("_project_copy_ns", [](double bytes, bool crosses_link) {
-    return npu::profile::projectCopyNs(npu::profile::projectionCost(), bytes, crosses_link);
-  });
+  // The device side of the cost model of profile `name` (None: the projection
+  // profile's), for torch_npu.profiler's projection onto other chips and for tests: ns.
+  m.def("_project_kernel_ns", [](py::object name, double flops, double bytes, bool matrix, int bits, bool known,
+                                 bool in_graph) {
+    npu::runtime::tracing::Work work;
+    work.flops = flops;
+    work.bytes = bytes;
+    work.matrix = matrix;
+    work.bits = static_cast<uint8_t>(bits);
+    work.known = known;
+    return npu::profile::projectKernelNs(npu::profile::costOf(name.is_none() ? "" : name.cast<std::string>()), work,
+                                         in_graph);
+  }, py::arg("profile"), py::arg("flops"), py::arg("bytes"), py::arg("matrix") = false, py::arg("bits") = 32,
+     py::arg("known") = true, py::arg("in_graph") = false);
+  m.def("_project_copy_ns", [](py::object name, double bytes, bool crosses_link, bool in_graph) {
+    return npu::profile::projectCopyNs(npu::profile::costOf(name.is_none() ? "" : name.cast<std::string>()), bytes,
+                                       crosses_link, in_graph);
+  }, py::arg("profile"), py::arg("bytes"), py::arg("crosses_link"), py::arg("in_graph") = false);
   // Kernels for tests of asynchrony and error reporting (torch.npu._sleep, ...).
   m.def("_launch_sleep", [](int64_t d, double ms) {
     npu::launch(npu::toDeviceIndex(d), "npu._sleep", [ms] {
@@ -221,8 +236,34 @@ void bindStreams(py::module_& m) {
   // the kernel, and lets go. Cheap when the stream is idle. The GIL is kept
   // throughout, as by every op that runs on the host: a holder must never wait for
   // the GIL, or a thread that has it and waits for the stream would wait forever.
-  m.def("_run_in_stream_order", [](int64_t d, py::function kernel, py::args args) -> py::object {
+  // (device, the kernel's name in the generated code, the kernel, its arguments...); code
+  // generated before kernels were named (an inductor cache) passes no name.
+  m.def("_run_in_stream_order", [](int64_t d, py::args given) -> py::object {
     const auto device = npu::toDeviceIndex(d);
+    const bool named = given.size() > 0 && py::isinstance<py::str>(given[0]);
+    TORCH_CHECK(given.size() > (named ? 1 : 0), "torch_npu._C._run_in_stream_order: no kernel to run");
+    const std::string kernel_name = named ? given[0].cast<std::string>() : "compiled kernel";
+    py::function kernel = given[named ? 1 : 0];
+    py::tuple args(given.size() - (named ? 2 : 1));
+    for (size_t i = 0; i < args.size(); ++i) args[i] = given[i + (named ? 2 : 1)];
+    // What the kernel does, for the profiler and graph capture: the bytes of its tensor
+    // arguments (inputs and outputs), an operation per element of the largest.
+    const char* name = "compiled kernel";
+    npu::runtime::tracing::Work work;
+    std::size_t bytes = 0;
+    if (C10_UNLIKELY(npu::profile::describingWork())) {
+      npu::profile::KernelWork described;
+      for (const auto& a : args) {
+        if (!THPVariable_Check(a.ptr())) continue;
+        const at::Tensor& t = THPVariable_Unpack(a.ptr());
+        bytes += npu::bytesOf(t);
+        described.flops = std::max(described.flops, static_cast<double>(t.numel()));
+        if (c10::isFloatingType(t.scalar_type())) described.dtype = t.scalar_type();
+      }
+      described.bytes = static_cast<double>(bytes);
+      work = npu::profile::describe(described);
+      name = npu::runtime::tracing::intern(kernel_name);
+    }
     if (C10_UNLIKELY(npu::graph::currentStreamCapturing(device))) {
       // Recorded, and called at each replay by the replaying thread (which holds the
       // GIL, as this one does); the Python objects it keeps are let go under the GIL,
@@ -232,15 +273,15 @@ void bindStreams(py::module_& m) {
         py::gil_scoped_acquire gil;
         delete p;
       });
-      npu::graph::recordHostWork(device, "compiled kernel", [call, device] {
+      npu::graph::recordHostWork(device, name, [call, device, name, work, bytes] {
         py::gil_scoped_acquire gil;   // first the GIL, then the stream: a stream holder never waits for the GIL
-        npu::StreamHold hold(device, "NPUGraph.replay");
-        call->first(*call->second);
+        npu::runHostKernel(device, name, work, bytes, [&] { call->first(*call->second); });
       });
       return py::none();
     }
-    npu::StreamHold hold(device, "compiled kernel launch");
-    return kernel(*args);
+    py::object result;
+    npu::runHostKernel(device, name, work, bytes, [&] { result = kernel(*args); });
+    return result;
   });
 }
 

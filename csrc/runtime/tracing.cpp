@@ -1,8 +1,10 @@
 #include "tracing.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
+#include <unordered_set>
 
 #if defined(__linux__)
 #include <sys/syscall.h>
@@ -16,18 +18,41 @@ std::atomic<bool> g_enabled{false};
 }
 
 namespace {
+std::atomic<bool> g_projecting{false};
+// NPU_EMU_DEFER=1: always, as while projecting (for the tests of the stream semantics).
+const bool g_always_projecting = [] {
+  const char* v = std::getenv("NPU_EMU_DEFER");
+  return v != nullptr && std::string(v) == "1";
+}();
+}  // namespace
+
+void setProjecting(bool on) { g_projecting.store(on, std::memory_order_relaxed); }
+bool projecting() { return g_always_projecting || g_projecting.load(std::memory_order_relaxed); }
+
+namespace {
 // Leaked like g_activities: stream workers may record during static destruction.
 std::mutex& g_mutex = *new std::mutex;
 std::vector<Activity>* g_activities = new std::vector<Activity>();  // never destroyed: workers may outlive exit
 thread_local std::vector<uint64_t> t_correlations;
-thread_local int64_t t_next_projection = 0;
-
-int64_t takeProjection() {
-  const int64_t ns = t_next_projection;
-  t_next_projection = 0;
-  return ns;
-}
+thread_local Work t_next_work;
+thread_local int t_replaying = 0;
 }  // namespace
+
+Work takeNextWork() {
+  Work work = t_next_work;
+  t_next_work = Work{};
+  return work;
+}
+
+ReplayScope::ReplayScope() { ++t_replaying; }
+ReplayScope::~ReplayScope() { --t_replaying; }
+
+const char* intern(const std::string& name) {
+  static std::mutex& mutex = *new std::mutex;
+  static auto& names = *new std::unordered_set<std::string>;   // never destroyed: traces keep the pointers
+  std::lock_guard<std::mutex> lock(mutex);
+  return names.insert(name).first->c_str();
+}
 
 void start() {
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -53,7 +78,7 @@ void pushCorrelation(uint64_t id) { t_correlations.push_back(id); }
 void popCorrelation() {
   if (!t_correlations.empty()) t_correlations.pop_back();
 }
-void setNextProjection(int64_t ns) { t_next_projection = ns; }
+void setNextWork(const Work& work) { t_next_work = work; }
 
 uint64_t currentCorrelation() { return t_correlations.empty() ? 0 : t_correlations.back(); }
 
@@ -85,7 +110,8 @@ void LaunchStamp::stampNow() {
   correlation = currentCorrelation();  // of the op launching it, on this thread
   host_thread = currentThreadId();
   launch_ns = nowNs();
-  projected_ns = takeProjection();
+  work = takeNextWork();
+  in_graph = t_replaying > 0;
 }
 
 void recordExecution(const LaunchStamp& stamp, ActivityKind kind, const char* name, int device, int64_t stream,
@@ -99,7 +125,9 @@ void recordExecution(const LaunchStamp& stamp, ActivityKind kind, const char* na
   activity.correlation = stamp.correlation;
   activity.host_thread = stamp.host_thread;
   activity.launch_ns = stamp.launch_ns;
-  activity.projected_ns = stamp.projected_ns;
+  activity.work = stamp.work;
+  activity.in_graph = stamp.in_graph;
+  activity.host_synchronous = stamp.host_synchronous;
   activity.start_ns = start_ns;
   activity.end_ns = end_ns;
   activity.bytes = bytes;
@@ -121,11 +149,12 @@ void recordHostWait(const char* name, int device, int64_t stream, int64_t start_
   record(activity);
 }
 
-Scope::Scope(ActivityKind kind, const char* name, int device, int64_t stream, std::size_t bytes, CopyKind copy_kind)
+Scope::Scope(ActivityKind kind, const char* name, int device, int64_t stream, std::size_t bytes, CopyKind copy_kind,
+             bool host_synchronous)
     : active_(enabled()) {
   if (!active_) return;
   activity_.kind = kind;
-  activity_.name = name;
+  activity_.name = intern(name);   // outlives the op that named it (an op registered from Python may go)
   activity_.device = device;
   activity_.stream = stream;
   activity_.bytes = bytes;
@@ -134,7 +163,9 @@ Scope::Scope(ActivityKind kind, const char* name, int device, int64_t stream, st
   activity_.host_thread = currentThreadId();
   activity_.start_ns = nowNs();
   activity_.launch_ns = activity_.start_ns;
-  activity_.projected_ns = takeProjection();
+  activity_.work = takeNextWork();
+  activity_.in_graph = t_replaying > 0;
+  activity_.host_synchronous = host_synchronous;
 }
 
 Scope::~Scope() {

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "hal.h"
@@ -23,9 +24,20 @@ enum class ActivityKind {
   Fallback,     // an op the device ran on the host CPU, holding the stream (bytes: copied both ways)
 };
 
+// What a piece of device work does, for a projection of its time on a real chip
+// (the layer above the HAL describes it at launch, core/profile.h projects it).
+// A HAL need not know of it: LaunchStamp::now() carries it.
+struct Work {
+  double flops = 0;      // arithmetic operations
+  double bytes = 0;      // device memory read and written
+  bool matrix = false;   // runs on the matrix (cube) unit
+  uint8_t bits = 32;     // operand precision: 32, 16 (float16, bfloat16) or 8 (int8, int4)
+  bool known = false;    // false: nothing described it (projected from its bytes alone)
+};
+
 struct Activity {
   ActivityKind kind = ActivityKind::Kernel;
-  const char* name = "";  // static storage: kernel names are op names or literals
+  const char* name = "";  // static storage: literals, or intern()ed names
   int device = 0;
   int64_t stream = 0;
   uint64_t correlation = 0;  // 0: launched outside any profiled op
@@ -37,9 +49,13 @@ struct Activity {
   // it launched it (start_ns for work that ran at once).
   int32_t host_thread = 0;
   int64_t launch_ns = 0;
-  // What the work would take on the chip a device profile describes (the
-  // layer above the HAL projects it, setNextProjection()); 0: not projected.
-  int64_t projected_ns = 0;
+  // What the work does (setNextWork()), and whether a graph replay launched it
+  // (ReplayScope): a chip runs a replayed graph's kernels with less overhead.
+  Work work;
+  bool in_graph = false;
+  // The launching thread waited for it: work it did itself while holding the
+  // stream (a copy from pageable memory), not work queued for the device.
+  bool host_synchronous = false;
 };
 
 namespace detail {
@@ -60,18 +76,40 @@ void pushCorrelation(uint64_t id);
 void popCorrelation();
 uint64_t currentCorrelation();
 
-// The projected device time of the next work the calling thread launches (see
-// Activity::projected_ns): taken by the next LaunchStamp or Scope on this
-// thread, then cleared. A HAL need not know of it: LaunchStamp::now() carries it.
-void setNextProjection(int64_t ns);
-// setNextProjection(ns) for its lifetime: what no launch took is cleared at the end.
-class Projection {
+// What the next work the calling thread launches does (Activity::work): taken
+// by the next LaunchStamp or Scope on this thread (or a graph capture's record,
+// takeNextWork()), then cleared.
+void setNextWork(const Work& work);
+Work takeNextWork();
+// setNextWork(work) for its lifetime: what no launch took is cleared at the end.
+class WorkHint {
  public:
-  explicit Projection(int64_t ns) { setNextProjection(ns); }
-  ~Projection() { setNextProjection(0); }
-  Projection(const Projection&) = delete;
-  Projection& operator=(const Projection&) = delete;
+  explicit WorkHint(const Work& work) { setNextWork(work); }
+  ~WorkHint() { setNextWork(Work{}); }
+  WorkHint(const WorkHint&) = delete;
+  WorkHint& operator=(const WorkHint&) = delete;
 };
+
+// While one lives on a thread, the work it launches is a graph replay's (Activity::in_graph).
+class ReplayScope {
+ public:
+  ReplayScope();
+  ~ReplayScope();
+  ReplayScope(const ReplayScope&) = delete;
+  ReplayScope& operator=(const ReplayScope&) = delete;
+};
+
+// A name that lives as long as the process, for an activity whose name is not
+// a literal (a generated kernel's, an op registered from Python that may go).
+const char* intern(const std::string& name);
+
+// While a profiler projects its trace onto a real chip (core/profile.h), the
+// host's own time between launches is part of the projection. A HAL that runs
+// device work on the host's cores (the emulator) keeps that work off the host's
+// threads, and out of its caches, until the host waits for it. One relaxed load.
+// NPU_EMU_DEFER=1 makes it always so (the tests of stream semantics run that way too).
+void setProjecting(bool on);
+bool projecting();
 
 // The profiler's clock: nanoseconds since the epoch.
 int64_t nowNs();
@@ -93,7 +131,9 @@ struct LaunchStamp {
   uint64_t correlation = 0;  // the launching thread's current correlation id
   int32_t host_thread = 0;
   int64_t launch_ns = 0;
-  int64_t projected_ns = 0;
+  Work work;
+  bool in_graph = false;
+  bool host_synchronous = false;  // the launching thread does it itself, holding the stream
   // One relaxed load when tracing is off.
   static LaunchStamp now() {
     LaunchStamp stamp;
@@ -121,7 +161,7 @@ void recordHostWait(const char* name, int device, int64_t stream, int64_t start_
 class Scope {
  public:
   Scope(ActivityKind kind, const char* name, int device, int64_t stream, std::size_t bytes = 0,
-        CopyKind copy_kind = CopyKind::DeviceToDevice);
+        CopyKind copy_kind = CopyKind::DeviceToDevice, bool host_synchronous = false);
   ~Scope();
   void setBytes(std::size_t bytes) { activity_.bytes = bytes; }
   Scope(const Scope&) = delete;

@@ -2,9 +2,9 @@
 
 A profile is a file in ``torch_npu/profiles/`` (``<name>.toml``): the chip's
 identity and properties, its dtypes, the aten overloads it runs natively (a
-list it names) and its cost model, each figure with its source. This module
-reads the files and hands them to C++ (csrc/core/profile.h), which decides.
-Adding a chip is adding a file.
+list it names) and its cost model, each figure with its basis and its source
+(a key of ``profiles/sources.toml``). This module reads the files and hands them
+to C++ (csrc/core/profile.h), which decides. Adding a chip is adding a file.
 
 Pick one with ``NPU_EMU_PROFILE=<name>`` or ``torch_npu.npu.set_profile(name)``,
 before the npu's first use.
@@ -19,6 +19,22 @@ from . import _C
 
 PROFILE_DIR = os.path.join(os.path.dirname(__file__), "profiles")
 GENERIC = "generic"
+_SOURCES = "sources.toml"   # the cost figures' sources, not a profile
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of a cost model, with where it comes from."""
+
+    value: float
+    basis: str       # "ini", "derived", "measured", "calibrated", "transferred" or "estimate"
+    source: str      # a key of sources.toml
+    figure: str      # the published figure, or the arithmetic, it comes from
+
+    @property
+    def label(self):
+        """"calibrated: rwkv7-ascend-npu" (what a report prints beside a projected figure)."""
+        return f"{self.basis}: {self.source}"
 
 
 @dataclass(frozen=True)
@@ -34,7 +50,8 @@ class Profile:
     bfloat16: bool
     inf_nan: bool
     native_ops: Optional[FrozenSet[str]]  # None: every op with an npu kernel (generic)
-    cost: Optional[Dict[str, float]]
+    cost: Optional[Dict[str, float]]      # the cost model's values by name (COST_FIGURES)
+    cost_figures: Optional[Dict[str, Figure]] = None   # ... with their basis and source
 
     @property
     def is_chip(self) -> bool:
@@ -43,7 +60,7 @@ class Profile:
 
 def names() -> List[str]:
     """Every profile that has a file, generic first."""
-    found = sorted(f[:-5] for f in os.listdir(PROFILE_DIR) if f.endswith(".toml"))
+    found = sorted(f[:-5] for f in os.listdir(PROFILE_DIR) if f.endswith(".toml") and f != _SOURCES)
     return sorted(found, key=lambda n: n != GENERIC)
 
 
@@ -64,15 +81,26 @@ def _native_ops(list_file: str, families: FrozenSet[str]) -> FrozenSet[str]:
     return frozenset(ops)
 
 
+# The cost model's figures (what each means: csrc/core/profile.h and profiler/_projection.py).
+COST_FIGURES = ("host_dispatch_us", "kernel_overhead_us", "graph_kernel_overhead_us", "sync_us", "cube_fp16_tflops",
+                "cube_fp32_tflops", "cube_int8_tops", "vector_fp16_tflops", "memory_gbps", "link_gbps")
+BASES = ("ini", "derived", "measured", "calibrated", "transferred", "estimate")
 _KNOWN = {  # the keys a profile file may have, per table
     "": {"name", "description", "identity", "properties", "dtypes", "ops", "cost"},
     "identity": {"device_name", "soc_version", "family"},
     "properties": {"cube_core_num", "vector_core_num", "ai_core_num", "L2_cache_size", "total_memory"},
     "dtypes": {"bfloat16", "inf_nan"},
     "ops": {"native", "kernel_families", "native_parts"},
-    "cost": {"launch_us", "cube_fp16_tflops", "cube_fp32_tflops", "vector_fp16_tflops", "memory_gbps", "link_gbps"},
+    "cost": set(COST_FIGURES),
 }
 _KERNEL_FAMILIES = {"aclnn", "aclop", "base", "sparse"}
+
+
+@functools.lru_cache(maxsize=None)
+def sources() -> Dict[str, Dict[str, str]]:
+    """The published sources the cost figures name (profiles/sources.toml), by key."""
+    with open(os.path.join(PROFILE_DIR, _SOURCES), "rb") as f:
+        return tomllib.load(f)
 
 
 def _validate(name: str, data: dict) -> None:
@@ -97,9 +125,19 @@ def _validate(name: str, data: dict) -> None:
     if families - _KERNEL_FAMILIES:
         _fail(name, f"unknown kernel_families {', '.join(sorted(families - _KERNEL_FAMILIES))}; "
                     f"known: {', '.join(sorted(_KERNEL_FAMILIES))}")
-    for key, value in data.get("cost", {}).items():
+    for key, entry in data.get("cost", {}).items():
+        if not isinstance(entry, dict) or set(entry) != {"value", "basis", "source", "figure"}:
+            _fail(name, f"[cost] {key} must be {{ value = ..., basis = ..., source = ..., figure = ... }}, got {entry!r}")
+        value = entry["value"]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            _fail(name, f"[cost] {key} must be a positive number, got {value!r}")
+            _fail(name, f"[cost] {key}: value must be a positive number, got {value!r}")
+        if entry["basis"] not in BASES:
+            _fail(name, f"[cost] {key}: basis {entry['basis']!r} is none of {', '.join(BASES)}")
+        if entry["source"] not in sources():
+            _fail(name, f"[cost] {key}: source {entry['source']!r} is not a key of sources.toml "
+                        f"({', '.join(sorted(sources()))})")
+        if not isinstance(entry["figure"], str) or not entry["figure"].strip():
+            _fail(name, f"[cost] {key}: figure must say what published figure or arithmetic it comes from")
 
 
 @functools.lru_cache(maxsize=None)
@@ -120,17 +158,18 @@ def load(name: str) -> Profile:
         if not families:
             _fail(name, "[ops] needs kernel_families")
         native_ops = _native_ops(data["ops"]["native"], families) | frozenset(data["ops"].get("native_parts", ()))
-    cost = data.get("cost")
-    if cost is not None:
-        needed = {"launch_us", "cube_fp16_tflops", "cube_fp32_tflops", "vector_fp16_tflops", "memory_gbps",
-                  "link_gbps"}
-        if needed - cost.keys():
-            _fail(name, f"[cost] lacks {', '.join(sorted(needed - cost.keys()))}")
+    cost = figures = None
+    if "cost" in data:
+        missing = set(COST_FIGURES) - data["cost"].keys()
+        if missing:
+            _fail(name, f"[cost] lacks {', '.join(sorted(missing))}")
+        figures = {key: Figure(float(e["value"]), e["basis"], e["source"], e["figure"]) for key, e in data["cost"].items()}
+        cost = {key: f.value for key, f in figures.items()}
     return Profile(name=name, description=data.get("description", ""),
                    device_name=identity.get("device_name", "Emulated NPU"),
                    soc_version=identity.get("soc_version"), family=identity.get("family"),
                    properties=dict(data.get("properties", {})), bfloat16=dtypes.get("bfloat16", True),
-                   inf_nan=dtypes.get("inf_nan", True), native_ops=native_ops, cost=cost)
+                   inf_nan=dtypes.get("inf_nan", True), native_ops=native_ops, cost=cost, cost_figures=figures)
 
 
 def define(name: str) -> Profile:

@@ -670,22 +670,15 @@ double tensorBytes(std::initializer_list<std::reference_wrapper<const at::Tensor
   return bytes;
 }
 
-int64_t projectedNs(double flops, bool cube, c10::ScalarType dtype, double bytes) {
-  if (!runtime::tracing::enabled()) return 0;
-  const profile::DeviceProfile* chip = profile::projectionProfile();
-  if (chip == nullptr || !chip->cost) return 0;
-  profile::KernelWork work;
-  work.flops = flops;
-  work.cube = cube;
-  work.dtype = dtype;
-  work.bytes = bytes;
-  return profile::projectKernelNs(*chip->cost, work);
+runtime::tracing::Work workOf(double flops, bool cube, c10::ScalarType dtype, double bytes) {
+  if (!profile::describingWork()) return {};
+  return profile::describe(profile::KernelWork{flops, cube, dtype, bytes});
 }
 
-// The projected time of `matmuls` products over the tiles of a request (the key lengths
-// from the arguments; a paged cache's blocks are not read).
-int64_t attentionProjectedNs(const Request& r, const Geometry& g, double matmuls) {
-  if (!runtime::tracing::enabled()) return 0;
+// The work of `matmuls` products over the tiles of a request (the key lengths from
+// the arguments; a paged cache's blocks are not read).
+runtime::tracing::Work attentionWork(const Request& r, const Geometry& g, double matmuls) {
+  if (!profile::describingWork()) return {};
   Problem p;
   p.g = g;
   p.len = lengthsOf(r, g);
@@ -700,13 +693,13 @@ int64_t attentionProjectedNs(const Request& r, const Geometry& g, double matmuls
     const double perMatmul = 2.0 * p.group() * t.rows * (t.end - t.begin) * (g.D + g.Dv) / 2;
     flops += perMatmul * matmuls;
   }
-  return projectedNs(flops, true, r.q.scalar_type(), tensorBytes({r.q, r.k, r.v}) * 2);
+  return workOf(flops, true, r.q.scalar_type(), tensorBytes({r.q, r.k, r.v}) * 2);
 }
 
 // The forward: out (zero where a row sees no key) and lse [B, N, Sq] / [T, N] (-inf there).
 std::tuple<at::Tensor, at::Tensor> attentionForward(Request& r) {
   Geometry g = describe(r);
-  runtime::tracing::Projection projected(attentionProjectedNs(r, g, 2));
+  runtime::tracing::WorkHint work(attentionWork(r, g, 2));
   return onHost(r.op, {r.q, r.k, r.v, r.mask, r.pse, r.blockTable, r.sink}, [&](auto input, auto output) {
     Problem p;
     p.g = g;
@@ -1217,7 +1210,7 @@ void fusionAttentionGradKernelImpl(Args& a, bool meta) {
                 "query ", r.q.sizes(), ", got ", outIn.sizes());
   }
   // five matmuls: the scores again, dV, dP, dQ and dK
-  runtime::tracing::Projection projected(attentionProjectedNs(r, g, 5));
+  runtime::tracing::WorkHint work(attentionWork(r, g, 5));
   auto results = onHost(r.op, {r.q, r.k, r.v, dy, r.mask, pse, maxIn, sumIn, outIn}, [&](auto input, auto output) {
     Problem p;
     p.g = g;
@@ -1447,7 +1440,7 @@ void scatterKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
               "must have the same blocks and block size, got ", keyCache.sizes(), " and ", valueCache.sizes());
   if (!Meta) {
     // the tokens read and their slots written
-    runtime::tracing::Projection projected(projectedNs(static_cast<double>(key.numel() + value.numel()), false,
+    runtime::tracing::WorkHint work(workOf(static_cast<double>(key.numel() + value.numel()), false,
                                                        key.scalar_type(), 2 * tensorBytes({key, value})));
     onHost(name, {key, value, keyCache, valueCache, slots}, [&](auto input, auto) {
       const at::Tensor k = input(key), v = input(value), kcache = input(keyCache), vcache = input(valueCache);
@@ -1503,7 +1496,7 @@ void gatherInto(const char* name, const at::Tensor& keyCache, const at::Tensor& 
                 batches, "], got ", seqOffset.sizes());
   }
   if (!run) return;
-  runtime::tracing::Projection projected(projectedNs(static_cast<double>(key.numel() + value.numel()), false,
+  runtime::tracing::WorkHint work(workOf(static_cast<double>(key.numel() + value.numel()), false,
                                                      key.scalar_type(), 2 * tensorBytes({key, value})));
   onHost(name, {keyCache, valueCache, tables, seqLens, key, value, seqOffset}, [&](auto input, auto) {
     const at::Tensor kcache = input(keyCache), vcache = input(valueCache), k = input(key), v = input(value);

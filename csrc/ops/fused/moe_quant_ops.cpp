@@ -84,14 +84,14 @@ at::ScalarType dtypeFromInt(const char* op, c10::Device device, int64_t value, c
   return static_cast<at::ScalarType>(value);
 }
 
-// onHost (on_host.h) with the kernel's projected time on the chip estimated from
-// `work` (the op's arguments as the profile's estimate reads them; else `tensors`).
+// onHost (on_host.h) with the kernel's work estimated from `work` (the op's
+// arguments as the profile's estimate reads them; else `tensors`).
 template <class Compute>
 auto onHostProjected(const char* op, const std::vector<Tensor>& tensors, Compute compute,
                      const torch::jit::Stack* work = nullptr) {
   return onHost(op, tensors, compute, [&] {
     const auto handle = c10::Dispatcher::singleton().findSchemaOrThrow((std::string("npu::") + op).c_str(), "");
-    return profile::projectedKernelNs(handle, work != nullptr ? *work : torch::jit::Stack(tensors.begin(), tensors.end()));
+    return profile::workOf(handle, work != nullptr ? *work : torch::jit::Stack(tensors.begin(), tensors.end()));
   });
 }
 

@@ -23,11 +23,10 @@ namespace npu::ops {
 // `compute(input, inout, output)`: `input` gives a contiguous host tensor to read,
 // `inout` the host alias to update in place (the tensor itself on the cpu),
 // `output` the result as a tensor of the inputs' device. The defined tensors must
-// share one device. `project()`, when given, is the kernel's projected time on the
-// profile's chip in nanoseconds, stamped on its launch while a profiler records
-// under a chip profile.
-template <class Compute, class Project = std::nullptr_t>
-auto onHost(const char* op, c10::ArrayRef<at::Tensor> tensors, Compute&& compute, Project&& project = nullptr) {
+// share one device. `describe()`, when given, is what the kernel does
+// (runtime::tracing::Work), stamped on its launch while a profiler records.
+template <class Compute, class Describe = std::nullptr_t>
+auto onHost(const char* op, c10::ArrayRef<at::Tensor> tensors, Compute&& compute, Describe&& describe = nullptr) {
   const at::Tensor* first = nullptr;
   for (const at::Tensor& t : tensors) {
     if (!t.defined()) continue;
@@ -47,11 +46,9 @@ auto onHost(const char* op, c10::ArrayRef<at::Tensor> tensors, Compute&& compute
     auto same = [](const at::Tensor& t) { return t; };
     return run([](const at::Tensor& t) { return t.defined() ? t.contiguous() : t; }, same, same);
   }
-  std::optional<runtime::tracing::Projection> projection;
-  if constexpr (!std::is_same_v<std::decay_t<Project>, std::nullptr_t>) {
-    if (C10_UNLIKELY(runtime::tracing::enabled()) && profile::projectionProfile() != nullptr) {
-      projection.emplace(project());
-    }
+  std::optional<runtime::tracing::WorkHint> work;
+  if constexpr (!std::is_same_v<std::decay_t<Describe>, std::nullptr_t>) {
+    if (C10_UNLIKELY(profile::describingWork())) work.emplace(describe());
   }
   HostExecution exec(first->device(), op);
   return run([&](const at::Tensor& t) { return t.defined() ? exec.alias(t).contiguous() : t; },

@@ -74,13 +74,11 @@ profile::KernelWork kernelWork(c10::ArrayRef<at::Tensor> tensors, double cube_fl
   return work;
 }
 
-// onHost (on_host.h) with the kernel's projected time on the chip estimated by
-// kernelWork (`cube_flops` on the matrix unit, else one operation per element).
+// onHost (on_host.h) with the kernel's work estimated by kernelWork (`cube_flops`
+// on the matrix unit, else one operation per element).
 template <class Compute>
 auto onHostProjected(const char* op, c10::ArrayRef<at::Tensor> tensors, Compute compute, double cube_flops = 0) {
-  return onHost(op, tensors, compute, [&] {
-    return profile::projectKernelNs(profile::projectionCost(), kernelWork(tensors, cube_flops));
-  });
+  return onHost(op, tensors, compute, [&] { return profile::describe(kernelWork(tensors, cube_flops)); });
 }
 
 // Runs `kernel(contiguous)` so that its writes land in `target` (a host tensor):

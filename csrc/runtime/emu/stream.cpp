@@ -1,7 +1,9 @@
 #include "stream.h"
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
+#include <vector>
 
 #include "config.h"
 #include "protection.h"
@@ -15,6 +17,14 @@ constexpr auto kWorkerSpin = std::chrono::microseconds(20);
 // Launches beyond this many queued kernels wait for room: a host thread that
 // launches faster than the stream runs cannot grow the queue without bound.
 constexpr std::size_t kMaxQueuedKernels = 1024;
+// Deferred execution (stream.h): how long queued work waits for the host's next wait.
+constexpr auto kMaxDefer = std::chrono::milliseconds(100);
+
+std::atomic<uint64_t> g_release_epoch{0};
+// The live streams, for releaseDeferred() to wake their workers. A waker never holds
+// a stream's mutex while it takes this one's, nor this one's while it takes a stream's.
+std::mutex& g_streams_mutex = *new std::mutex;
+std::vector<EmuStream*>& g_streams = *new std::vector<EmuStream*>;
 
 inline void cpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -34,10 +44,24 @@ LaunchConfig LaunchConfig::fromEnvironment() {
   return config;
 }
 
+void releaseDeferred() {
+  if (!tracing::projecting()) return;
+  g_release_epoch.fetch_add(1, std::memory_order_acq_rel);
+  std::lock_guard<std::mutex> lock(g_streams_mutex);
+  for (EmuStream* s : g_streams) s->work_ready_.notify_all();
+}
+
 EmuStream::EmuStream(int device, int64_t id, int priority, const LaunchConfig& config)
-    : device_(device), id_(id), priority_(priority), config_(config) {}
+    : device_(device), id_(id), priority_(priority), config_(config) {
+  std::lock_guard<std::mutex> lock(g_streams_mutex);
+  g_streams.push_back(this);
+}
 
 EmuStream::~EmuStream() {
+  {
+    std::lock_guard<std::mutex> lock(g_streams_mutex);
+    g_streams.erase(std::remove(g_streams.begin(), g_streams.end(), this), g_streams.end());
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
@@ -105,12 +129,17 @@ void EmuStream::waitForSpaceLocked(std::unique_lock<std::mutex>& lock) {
   // holder may need the launching thread (a compiled kernel needs the GIL the
   // launcher holds), and the hold ends by itself.
   if (queue_.size() < kMaxQueuedKernels || hold_depth_ > 0) return;
+  releaseDeferred();
   ++space_waiters_;
   space_.wait(lock, [this] { return queue_.size() < kMaxQueuedKernels || stopping_; });
   --space_waiters_;
 }
 
 void EmuStream::enqueueLocked(Task task) {
+  if (tracing::projecting()) {
+    task.release_epoch = g_release_epoch.load(std::memory_order_acquire);
+    task.queued_at = std::chrono::steady_clock::now();
+  }
   queue_.push_back(std::move(task));
   queued_.fetch_add(1, std::memory_order_release);
   if (!worker_.joinable()) worker_ = std::thread([this] { workerLoop(); });
@@ -130,6 +159,8 @@ void EmuStream::finishInlineLocked() {
 void EmuStream::launch(const char* name, Kernel kernel, std::size_t bytes) {
   Task task{name, std::move(kernel)};
   task.stamp = tracing::LaunchStamp::now();
+  // A traced name outlives the op that named it (an op registered from Python may go).
+  if (task.stamp.traced) task.name = tracing::intern(name);
   task.bytes = bytes;
   submit(std::move(task), bytes);
 }
@@ -176,12 +207,14 @@ void EmuStream::submit(Task task, std::size_t bytes) {
     // The holder's own work (host code in stream order): runs now, unnumbered,
     // so positions of the kernels queued behind the hold stay in order.
     lock.unlock();
+    task.stamp.host_synchronous = true;
     run(task);
     return;
   }
   waitForSpaceLocked(lock);  // a full queue makes the host wait, as a device's launch queue does
   task.index = launched_.fetch_add(1, std::memory_order_acq_rel) + 1;
-  if (!config_.always_enqueue && !busy_ && queue_.empty() && bytes <= config_.inline_bytes) {
+  if (!config_.always_enqueue && !busy_ && queue_.empty() && bytes <= config_.inline_bytes &&
+      !tracing::projecting()) {
     // Idle stream: running here keeps stream order and saves the hand-off.
     busy_ = true;
     lock.unlock();
@@ -220,7 +253,9 @@ bool EmuStream::runIfIdle(const char* name, KernelRef kernel, std::size_t bytes)
     kernel();  // (the hold keeps device memory open)
     return true;
   }
-  if (config_.always_enqueue || busy_ || !queue_.empty() || bytes > config_.inline_bytes) return false;
+  if (config_.always_enqueue || busy_ || !queue_.empty() || bytes > config_.inline_bytes || tracing::projecting()) {
+    return false;
+  }
   busy_ = true;
   launched_.fetch_add(1, std::memory_order_acq_rel);
   lock.unlock();
@@ -239,6 +274,7 @@ bool EmuStream::runIfIdle(const char* name, KernelRef kernel, std::size_t bytes)
 }
 
 void EmuStream::acquire() {
+  releaseDeferred();
   std::unique_lock<std::mutex> lock(mutex_);
   const auto me = std::this_thread::get_id();
   if (heldByCallerLocked()) {
@@ -290,9 +326,26 @@ void EmuStream::release() {
   }
 }
 
+bool EmuStream::releasedLocked(const Task& task, std::chrono::steady_clock::duration* wait) const {
+  // Queued while not deferring, or a hold: a host thread waits for it.
+  if (task.queued_at == std::chrono::steady_clock::time_point() || task.hold) return true;
+  if (!tracing::projecting() || stopping_ || g_release_epoch.load(std::memory_order_acquire) > task.release_epoch) {
+    return true;
+  }
+  const auto waited = std::chrono::steady_clock::now() - task.queued_at;
+  if (waited >= kMaxDefer) return true;
+  *wait = std::min<std::chrono::steady_clock::duration>(kMaxDefer - waited, std::chrono::milliseconds(1));
+  return false;
+}
+
 void EmuStream::workerLoop() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
+    std::chrono::steady_clock::duration deferred{};
+    if (!queue_.empty() && !busy_ && !releasedLocked(queue_.front(), &deferred)) {
+      work_ready_.wait_for(lock, deferred);   // releaseDeferred() wakes it sooner
+      continue;
+    }
     if (!queue_.empty() && !busy_) {
       Task task = std::move(queue_.front());
       queue_.pop_front();
@@ -341,9 +394,10 @@ void EmuStream::copy(void* dst, const void* src, std::size_t n, CopyKind kind) {
 }
 
 void EmuStream::drain() {
+  releaseDeferred();
   std::unique_lock<std::mutex> lock(mutex_);
   if (heldByCallerLocked()) return;  // everything launched before the hold has run
-  if (queue_.empty() && !busy_) return;
+  // Traced even when nothing is queued here: on a chip the work would still be running.
   const int64_t start = tracing::enabled() ? tracing::nowNs() : 0;
   drained_.wait(lock, [this] { return queue_.empty() && !busy_; });
   lock.unlock();
@@ -356,6 +410,7 @@ void EmuStream::synchronize() {
 }
 
 bool EmuStream::query() {
+  releaseDeferred();
   std::lock_guard<std::mutex> lock(mutex_);
   return queue_.empty() && (!busy_ || heldByCallerLocked());
 }
@@ -445,6 +500,7 @@ bool EmuEvent::Mark::isDone(std::shared_ptr<KernelFailure>* failure_out) {
 }
 
 void EmuEvent::Mark::waitDone() {
+  releaseDeferred();
   std::unique_lock<std::mutex> lock(mutex);
   done_cv.wait(lock, [this] { return done; });
 }
@@ -486,16 +542,20 @@ bool EmuEvent::recorded() const {
 }
 
 bool EmuEvent::query() {
+  releaseDeferred();
   if (ipc_) return ipc_->complete();
   auto mark = currentMark();
   return !mark || mark->isDone(nullptr);
 }
 
 void EmuEvent::synchronize() {
+  releaseDeferred();
   if (ipc_) ipc_->waitFor(ipc_->cell->recorded.load(std::memory_order_acquire));
   auto mark = currentMark();
   if (!mark) return;
+  const int64_t start = tracing::enabled() ? tracing::nowNs() : 0;
   mark->waitDone();
+  tracing::recordHostWait(tracing::kStreamSynchronize, device_, mark->stream->id(), start);
   std::shared_ptr<KernelFailure> failure;
   mark->isDone(&failure);
   if (failure && failure->claim()) throw KernelError(std::move(failure));

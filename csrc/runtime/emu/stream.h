@@ -20,6 +20,13 @@
 
 namespace npu::runtime::emu {
 
+// Deferred execution, while a profiler projects onto a chip (tracing::projecting()):
+// queued work runs once the host waits for the device (a synchronize, a query, a
+// hold, an event) or after kMaxDefer, not while the host's own code runs, so the
+// host's time between launches is measured as on a real system. Every way of
+// waiting for the device releases what was queued before it.
+void releaseDeferred();
+
 struct LaunchConfig {
   bool blocking = false;        // NPU_LAUNCH_BLOCKING: run and check every kernel at launch
   bool always_enqueue = false;  // NPU_EMU_ALWAYS_ENQUEUE: never run on the caller's thread
@@ -80,7 +87,13 @@ class EmuStream final : public Stream {
     tracing::ActivityKind kind = tracing::ActivityKind::Kernel;  // or Memcpy
     std::size_t bytes = 0;
     CopyKind copy_kind = CopyKind::DeviceToDevice;
+    // Deferred execution: the releases before it was queued, and when (releaseDeferred()).
+    uint64_t release_epoch = 0;
+    std::chrono::steady_clock::time_point queued_at;
   };
+  // Whether the worker may run `task` now; else how long it may wait at most.
+  bool releasedLocked(const Task& task, std::chrono::steady_clock::duration* wait) const;
+  friend void releaseDeferred();
   void run(Task& task);  // executes one kernel, keeping its error
   void runBlocking(Task& task);  // NPU_LAUNCH_BLOCKING's launch
   // NPU_LAUNCH_BLOCKING: waits until the stream is idle, raises an earlier

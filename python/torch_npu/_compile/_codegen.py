@@ -4,7 +4,7 @@ The emulated npu's memory is host memory, so the kernels inductor's C++ backend
 writes for the CPU run on npu tensors as they are. What differs from the CPU is
 order: eager npu work is queued to a stream, while a generated kernel runs on the
 thread that calls it. So each kernel runs as work of the current stream
-(``_C._run_in_stream_order``: it holds the stream while the kernel runs, after the
+(``_C._run_in_stream_order(device, name, kernel, *args)``: it holds the stream while the kernel runs, after the
 work queued before it; an idle stream costs a check), and the work queued after it
 is ordered behind it because it was launched later.
 
@@ -61,7 +61,8 @@ class _StreamOrdered:
         device = device or V.graph.get_current_device_or_throw()
         if not triton and device.type == "npu":
             index = device.index if device.index is not None else -1
-            return super()._generate_kernel_call_helper(_RUN, [str(index), kernel_name, *call_args], device=_CPU,
+            return super()._generate_kernel_call_helper(_RUN, [str(index), repr(kernel_name), kernel_name, *call_args],
+                                                        device=_CPU,
                                                         triton=triton, **kwargs)
         return super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
 

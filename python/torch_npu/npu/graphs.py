@@ -51,12 +51,9 @@ class NPUGraph(_C._NPUGraph):
         super().capture_begin(a, b, capture_error_mode)
 
     def replay(self) -> None:
-        """Queues the captured work on the current stream (a profiler sees each kernel)."""
-        if torch.autograd.profiler._is_profiler_enabled:
-            with torch.autograd.profiler.record_function("NPUGraph.replay"):
-                super().replay()
-        else:
-            super().replay()
+        """Queues the captured work on the current stream (a profiler sees it as the op
+        "NPUGraph.replay" with each of its kernels)."""
+        super().replay()
 
     def instantiate(self) -> None:
         """Nothing to do: a captured npu graph is ready to replay (CUDA instantiates here)."""

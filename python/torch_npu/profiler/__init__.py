@@ -97,8 +97,10 @@ class profile(torch.profiler.profile):
         return self.npu_ascend_output
 
     def _sample_memory(self):
+        # No synchronize: the allocator counts a block when an op allocates it and frees it
+        # when its tensor goes (the stream orders its reuse), so the figures are current, and
+        # a wait here would be the profiler's, not the script's.
         if torch.npu.is_initialized():
-            torch.npu.synchronize()
             self.step_memory.append((self.step_num, torch.npu.memory_allocated(), torch.npu.memory_reserved()))
 
     def start(self):

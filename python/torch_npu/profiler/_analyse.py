@@ -2,11 +2,14 @@
 does npu memory grow across steps? Numbers from the profiler's own events.
 
 Under a device profile with a cost model (``NPU_EMU_PROFILE=ascend910b2``), it
-also answers for the chip: the projected time of each kernel, copy and CPU
-fallback the profiler session kept (csrc/profiler), against the host's own
-dispatch time as the emulator measured it."""
+also answers for the chip: the window replayed on the chip's timeline
+(profiler/_projection.py): the Python measured here, the adapter's dispatch per
+launch, each kernel's, copy's and CPU fallback's projected time (csrc/profiler)
+and the host's waits, each figure from the profile with its source."""
 from collections import namedtuple
 from dataclasses import dataclass, field
+
+from . import _projection
 
 import torch
 from torch._C._profiler import _ProfilerEvent  # noqa: F401  (the events' type, for readers)
@@ -20,7 +23,8 @@ _LAUNCH_NAMES = ("npuLaunchKernel", "npuMemcpy", "npuCpuFallback")
 # of the device profile would run it: from start_ns for projected_ns on its
 # stream's timeline there (laid out in stream order, none before its launch).
 # measured_start_ns is where the emulator ran it: its event's start_ns().
-Projection = namedtuple("Projection", "correlation device stream start_ns projected_ns kind name measured_start_ns")
+Projection = namedtuple("Projection", "correlation device stream start_ns projected_ns kind name measured_start_ns "
+                                     "flops bytes matrix bits known in_graph crosses_link host_ns host_synchronous")
 
 
 def cost_profile():
@@ -103,11 +107,7 @@ class Analysis:
     step_memory: list = field(default_factory=list)  # (step, allocated, reserved)
     # On the chip of the device profile (set only under a profile with a cost model):
     profile: str = ""                 # the chip's device name ("Ascend910B2")
-    projected_kernels: int = 0
-    projected_copies: int = 0         # copies and CPU fallbacks
-    projected_device_us: float = 0.0  # projected kernel, copy and fallback times, launch overhead included
-    projected_launch_us: float = 0.0  # of which launch overhead: one per kernel or copy
-    projected_host_us: float = 0.0    # the host's dispatch: wall_us less the device work it waited for inline
+    projection: object = None         # the window on the chip's timeline (_projection.ChipProjection)
 
     @property
     def device_idle_share(self):
@@ -120,13 +120,32 @@ class Analysis:
 
     @property
     def projected_bound(self):
-        """"host" when the chip would wait for the host: when the host's dispatch and the
-        launch overhead take longer than the chip's own work; "device" otherwise; "" when
-        nothing was projected (no cost model)."""
-        if not self.profile:
-            return ""
-        work = self.projected_device_us - self.projected_launch_us
-        return "device" if work > self.projected_host_us + self.projected_launch_us else "host"
+        """"host" when the chip would idle more than half of the window (waiting for the
+        host's launches and work), "device" otherwise; "" when nothing was projected."""
+        return self.projection.bound if self.projection is not None else ""
+
+    @property
+    def projected_kernels(self):
+        return self.projection.kernels if self.projection is not None else 0
+
+    @property
+    def projected_copies(self):
+        return self.projection.copies + self.projection.fallbacks if self.projection is not None else 0
+
+    @property
+    def projected_device_us(self):
+        """The chip's device work in the window (kernels, copies; overheads included)."""
+        return self.projection.device_us if self.projection is not None else 0.0
+
+    @property
+    def projected_host_us(self):
+        """The host's busy time on the real system: Python, dispatch, host-side ops and fallbacks."""
+        return self.projection.host_us if self.projection is not None else 0.0
+
+    @property
+    def projected_step_us(self):
+        """The window on the chip, start to end."""
+        return self.projection.step_us if self.projection is not None else 0.0
 
     @property
     def short_kernel_share(self):
@@ -153,26 +172,27 @@ class Analysis:
         return len(samples) >= 2 and all(b > a for a, b in zip(samples, samples[1:]))
 
     def __str__(self):
+        return self.text()
+
+    def text(self, chip=True):
+        """The analysis in words; ``chip=False`` leaves out the projection onto the chip."""
+        if self.bound == "host":
+            bound = (f"  host-bound: the device idled {self.device_idle_us / 1e3:.3f} ms "
+                     f"({100 * self.device_idle_share:.0f}% of the time) waiting for the host")
+        else:
+            bound = (f"  device-bound: the device was busy {100 * (1 - self.device_idle_share):.0f}% of the time "
+                     f"(idle {self.device_idle_us / 1e3:.3f} ms)")
         lines = [
             f"npu profile: {self.wall_us / 1e3:.3f} ms of host ops, device busy {self.device_busy_us / 1e3:.3f} ms",
-            f"  {self.bound}-bound: the device idled {self.device_idle_us / 1e3:.3f} ms "
-            f"({100 * self.device_idle_share:.0f}%) waiting for the host; the host waited "
-            f"{self.host_wait_us / 1e3:.3f} ms for the device",
+            bound + f"; the host waited {self.host_wait_us / 1e3:.3f} ms for the device",
             f"  kernels: {self.kernels}, of which {self.short_kernels} ({100 * self.short_kernel_share:.0f}%) "
             f"shorter than {self.short_kernel_us:g} us ({self.short_kernel_time_us / 1e3:.3f} ms in all)"
             + ("; launch-bound: batch the work or use torch.compile" if self.launch_bound else ""),
         ]
         if self.fallbacks:
             lines.append(f"  {self.fallbacks} ops ran through the CPU fallback")
-        if self.profile:
-            copies = self.projected_copies
-            copies = f" and {copies:,} cop{'y' if copies == 1 else 'ies'}" if copies else ""
-            lines.append(
-                f"  on {self.profile} (projected, estimate): {self.projected_kernels:,} "
-                f"kernel{'' if self.projected_kernels == 1 else 's'}{copies}, "
-                f"{self.projected_device_us / 1e3:.3f} ms of device time, launch overhead alone "
-                f"{self.projected_launch_us / 1e3:.3f} ms: {self.projected_bound}-bound "
-                f"(the host dispatches for {self.projected_host_us / 1e3:.3f} ms)")
+        if chip and self.projection is not None:
+            lines += ["  " + line for line in projection_lines(self.projection)]
         if self.step_memory:
             growth = self.memory_growth_per_step
             verdict = ("grows every step: tensors kept across iterations?" if self.memory_grows
@@ -195,15 +215,16 @@ def _union_length(intervals):
     return total
 
 
-def analyse(prof, short_kernel_us=10.0):
+def analyse(prof, short_kernel_us=10.0, op_host_us=None, not_python=()):
     """Answers the three questions for a finished ``profile`` (torch_npu's or
-    torch's, with ProfilerActivity.NPU requested)."""
+    torch's, with ProfilerActivity.NPU requested). ``op_host_us``: per op name, its
+    host time without an observer's overhead (the doctor's), and ``not_python``: the
+    observer's own time between ops ((start, end) ns), for the chip's side."""
     results = prof.profiler.kineto_results if hasattr(prof, "profiler") else prof.kineto_results
     if results is None:
         raise RuntimeError("torch_npu.profiler.analyse: the profile has no results; analyse it after it stopped")
     npu = torch._C._autograd.DeviceType.PrivateUse1
     host, device = [], []
-    ops = {}  # correlation id -> the host op's span
     analysis = Analysis(short_kernel_us=short_kernel_us, step_memory=list(getattr(prof, "step_memory", [])))
     for event in results.events():
         start, stop = event.start_ns() / 1e3, (event.start_ns() + event.duration_ns()) / 1e3
@@ -223,36 +244,47 @@ def analyse(prof, short_kernel_us=10.0):
             analysis.host_wait_us += stop - start
         else:
             host.append((start, stop))
-            if event.correlation_id() != 0:
-                ops.setdefault(event.correlation_id(), (start, stop))
     if host:
         begin, end = min(s for s, _ in host), max(e for _, e in host)
         analysis.wall_us = end - begin
         analysis.device_busy_us = _union_length([(max(s, begin), min(e, end)) for s, e, _, _ in device
                                                  if e > begin and s < end])
         analysis.device_idle_us = max(0.0, analysis.wall_us - analysis.device_busy_us)
-    _project(analysis, prof, results, device, ops)
+    _project(analysis, prof, results, op_host_us, not_python)
     return analysis
 
 
-def _project(analysis, prof, results, device, ops):
-    """The chip's side, under a profile with a cost model: the projected times, and the
-    host's dispatch time on the real system, which is the emulator's host time less
-    the emulated device work the host waited for (kernels and copies that ended before
-    the op that launched them returned, such as those run at once on the caller's
-    thread) and less its waits for the device. CPU fallbacks stay host work."""
+def _project(analysis, prof, results, op_host_us=None, not_python=()):
+    """The chip's side, under a profile with a cost model: the window on the chip's
+    timeline (_projection.project)."""
     profile = cost_profile()
     found = projections(prof, results) if profile is not None else []
     if not found:
         return
     analysis.profile = profile.device_name
-    analysis.projected_kernels = sum(p.kind == "kernel" for p in found)
-    analysis.projected_copies = len(found) - analysis.projected_kernels
-    analysis.projected_device_us = sum(p.projected_ns for p in found) / 1e3
-    analysis.projected_launch_us = len(found) * profile.cost["launch_us"]   # every projection has one launch
-    waited = 0.0
-    for start, stop, correlation, name in device:
-        op = ops.get(correlation) if correlation != 0 else None
-        if op is not None and op[0] <= start and stop <= op[1] and not name.startswith("cpu_fallback: "):
-            waited += stop - start
-    analysis.projected_host_us = max(0.0, analysis.wall_us - waited - analysis.host_wait_us)
+    analysis.projection = _projection.project(results, found, profile, op_host_us, not_python=not_python)
+
+
+def projection_lines(p):
+    """The chip's side of a window in words, each figure with its source."""
+    steps = []
+    host = [f"Python {p.python_us / 1e3:.3f} ms (measured here)"]
+    if p.launches:
+        host.append(f"dispatch of {p.launches:,.0f} launch{'es' if p.launches != 1 else ''} "
+                    f"{p.dispatch_us / 1e3:.3f} ms (host_dispatch_us {p.terms['host_dispatch_us']})")
+    if p.host_ops_us:
+        host.append(f"ops without device work {p.host_ops_us / 1e3:.3f} ms (measured here)")
+    if p.fallbacks:
+        host.append(f"{p.fallbacks:,.0f} CPU fallback{'s' if p.fallbacks != 1 else ''} {p.fallback_host_us / 1e3:.3f} ms")
+    steps.append(f"on {p.device_name} (projected, an estimate): {p.step_us / 1e3:.3f} ms, {p.bound}-bound "
+                 f"(the chip idles {100 * p.device_idle_us / p.step_us if p.step_us else 0:.0f}% of it)")
+    steps.append("  host: " + " + ".join(host)
+                 + (f"; it waits {p.wait_us / 1e3:.3f} ms for the device ({p.waits:,.0f} wait"
+                    f"{'s' if p.waits != 1 else ''}, sync_us {p.terms['sync_us']})" if p.waits else ""))
+    if p.kernels or p.copies:
+        graph = f", {p.graph_kernels:,.0f} of them replayed from a graph" if p.graph_kernels else ""
+        steps.append(f"  device: {p.kernels:,.0f} kernel{'s' if p.kernels != 1 else ''}{graph} and "
+                     f"{p.copies:,.0f} cop{'y' if p.copies == 1 else 'ies'}, {p.device_us / 1e3:.3f} ms, of which "
+                     f"per-kernel overhead {p.overhead_us / 1e3:.3f} ms (kernel_overhead_us "
+                     f"{p.terms['kernel_overhead_us']})")
+    return steps
