@@ -40,7 +40,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .. import _patches
 from .. import fallback as _fallback
-from . import _compiled, _findings, _monitor
+from . import _compiled, _findings, _monitor, _quiet
 from ._compare import Comparator
 from ._findings import KINDS, Finding
 from ._report import Report, Run
@@ -58,9 +58,12 @@ class Doctor:
     progress: keep a progress line on stderr (steps, ops, elapsed).
     script:   the name shown in the report's header.
     target:   a chip profile name ("ascend910b2", ...): the report ends with that chip's verdict
-              (ops that would fall back there, projected device time per step) and the
-              findings are ranked by their projected cost on it. The CLI's default is
-              ascend910b2; here the default is none.
+              (ops that fall back there, the step's time projected there) and the findings are
+              ranked by their projected cost on it. Exact when the npu runs as that chip
+              (``NPU_EMU_PROFILE``, ``torch.npu.set_profile``; the CLI's ``--target`` does this);
+              otherwise derived from this run, with what is not exact said. The CLI's default
+              is ascend910b2; here the default is none.
+    also_targets: more chip profile names, answered from this run (``Report.also``).
     steps_at: "FILE:LINE" (or (file, line)): each time that line of the script runs is one
               iteration (a step), instead of the optimizer's steps; FILE is a path, or the end of
               one (``train.py`` matches ``/work/train.py``). Lines are traced with
@@ -74,15 +77,21 @@ class Doctor:
     judged per iteration too.
     """
 
-    def __init__(self, compare=False, profile=True, progress=False, script=None, steps_at=None, target=None):
+    def __init__(self, compare=False, profile=True, progress=False, script=None, steps_at=None, target=None,
+                 also_targets=()):
         self.compare, self.profile, self.progress = compare, profile, progress
         self._chip = _check_target(target) if target is not None else None
         self.target = target
+        self.also_targets = [t for t in also_targets if t != target]
+        for name in self.also_targets:
+            _check_target(name)
         self.script = script or (sys.argv[0] if sys.argv and sys.argv[0] else "<python>")
         self.steps_at = _parse_steps_at(steps_at) if steps_at is not None else None
         self.findings = []
         self.run = None
         self._active = False
+        self._script_error = None
+        self._own_time = []   # (start, end) ns of the doctor's work between ops, on the profiler's clock
 
     # ---- the context manager ----
 
@@ -103,8 +112,10 @@ class Doctor:
         self._stats_before = _fallback.NPUFallbackMode.get_fallback_stats()
         self._compile_before = _compiled.snapshot()
         self._comparator = Comparator() if self.compare else None
-        self.monitor = _monitor.Monitor(self._comparator, watch_overflow=self.target is not None
-                                        and not self._chip.inf_nan)
+        from .. import _profiles
+        saturating = [_profiles.load(t) for t in [self.target, *self.also_targets] if t is not None]
+        self.monitor = _monitor.Monitor(self._comparator, watch_overflow=any(not c.inf_nan for c in saturating)
+                                        or not _profiles.active().inf_nan)
         # What marks the iterations: "loop" (found), "optimizer", "manual" (step()), "line" (steps_at).
         self.clock = "line" if self.steps_at is not None else "loop"
         self.monitor.on_loop_step = self._loop_step
@@ -123,6 +134,8 @@ class Doctor:
             group = self._group
             self._undo.append(lambda: _patches.undo(group))
             self._watch_host_syncs()
+            self._watch_backward()
+            self._undo.append(_quiet.filter_warnings())
             if self.steps_at is not None:
                 self._undo.append(_monitor.trace_line(*self.steps_at, self._tick))
             self._profiler = self._start_profiler() if self.profile else None
@@ -136,6 +149,11 @@ class Doctor:
         self._wall_start = time.perf_counter()
         self.monitor.__enter__()
 
+    def script_failed(self, error):
+        """The script being watched stopped with ``error`` (the CLI catches it inside the
+        ``with`` block): the report includes it, and a chip's refusal becomes a finding."""
+        self._script_error = error
+
     def step(self):
         """Marks the end of one iteration (optimizer steps do this by themselves)."""
         if self.clock == "loop":
@@ -145,9 +163,16 @@ class Doctor:
         self._tick()
 
     def _tick(self):
+        start = time.time_ns()   # the profiler's clock
         self.monitor.on_step()
         if self._profiler is not None:
-            self._profiler.step()
+            if self._profiler.step_num < 6:   # the window's start and end (Kineto logs them)
+                with _quiet.native_stderr():
+                    self._profiler.step()
+            else:
+                self._profiler.step()
+        # The doctor's own time between the script's ops: not the script's Python.
+        self._own_time.append((start, time.time_ns()))
 
     def _loop_step(self):
         if self.clock == "loop":   # no optimizer step, step() or steps_at so far
@@ -191,17 +216,26 @@ class Doctor:
             if self.target is not None:
                 self._undo_projection()
         stats_after = _fallback.NPUFallbackMode.get_fallback_stats()
-        self.run = Run.collect(self, wall, stats_after, profile, error or device_error)
+        self.run = Run.collect(self, wall, stats_after, profile, error or self._script_error or device_error)
         # What the steps were: "optimizer", "manual" (step()), "line" (steps_at) or "loop" (the
         # iterations of primary_loop, found); None: no steps.
         self.run.clock = self.clock if self.monitor.step else None
         self.run.loop = self.monitor.primary_loop if self.clock == "loop" else None
         self.run.compile = _compiled.delta(self._compile_before, _compiled.snapshot())
         self.run.target = self.target
+        from .. import _profiles
+        active = _profiles.active().name
+        if self.target is not None:
+            self.run.target_name = self._chip.device_name
+            if not self._chip.inf_nan:
+                self.run.saturating_chip = self._chip.device_name
         self.findings = _findings.diagnose(self.run)
         if self.target is not None:
             from ._target import rank
-            self.run.verdict = rank(self.run, self.findings, self.target)
+            self.run.verdict = rank(self.run, self.findings, self.target, exact=self.target == active)
+        if self.also_targets:
+            from ._target import verdict
+            self.run.also = [verdict(self.run, t, exact=t == active) for t in self.also_targets]
         self.run.findings = self.findings
 
     def report(self) -> Report:
@@ -279,13 +313,33 @@ class Doctor:
                     reason="printing an npu tensor waits for the npu to read its values; the doctor counts that "
                            "wait, which no hook of PyTorch's reports")
 
+    def _watch_backward(self):
+        monitor = self.monitor
+
+        def named(fn):
+            @functools.wraps(fn)
+            def backward(*args, **kwargs):
+                monitor.on_backward(sys._getframe(1))
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    monitor.on_backward(None)
+            return backward
+
+        self._patch(torch.autograd, "backward", named,
+                    expects="(tensors, grad_tensors=None, retain_graph=None, create_graph=False, grad_variables=None, "
+                            "inputs=None)",
+                    reason="the backward pass runs on autograd's threads, where no Python frame names a line: the "
+                           "doctor reports an op with no forward line at the line that called backward()")
+
     # ---- the profiler window ----
 
     def _start_profiler(self):
         from .. import profiler
         prof = profiler.profile(activities=[profiler.ProfilerActivity.CPU, profiler.ProfilerActivity.NPU],
                                 schedule=profiler.schedule(wait=1, warmup=1, active=3, repeat=1))
-        prof.start()
+        with _quiet.native_stderr():   # Kineto's own log lines (USDT: ...) are not the report's
+            prof.start()
         return prof
 
     def _stop_profiler(self):
@@ -294,10 +348,23 @@ class Doctor:
         if prof is None:
             return None
         try:
-            prof.stop()
+            with _quiet.native_stderr():
+                prof.stop()
             if prof.step_num < 3:   # the window (steps 2-4) never opened
                 return None
-            from ..profiler import analyse
+            from .. import _profiles
+            from ..profiler import _analyse, _projection, analyse
+            # The host time of an op that launches nothing, as the doctor measured it (its
+            # own dispatch mode adds to the profiler's figure for every op).
+            op_host_us = self.monitor.pure_host_us()
+            analysis = analyse(prof, op_host_us=op_host_us, not_python=self._own_time)
+            projections = {}
+            found = _analyse.projections(prof)
+            if found:
+                results = prof.profiler.kineto_results
+                for name in [t for t in [self.target, *self.also_targets] if t is not None]:
+                    projections[name] = _projection.project(results, found, _profiles.load(name), op_host_us,
+                                                            not_python=self._own_time)
             per_op = {}
             for event in prof.key_averages():
                 if "::" not in event.key:
@@ -313,8 +380,8 @@ class Doctor:
                 if own and event.device_type == torch.autograd.DeviceType.CPU:
                     measured, total = projected.get(event.name, (0.0, 0.0))
                     projected[event.name] = (measured + event.self_device_time_total, total + own)
-            return {"steps": min(prof.step_num - 2, 3), "per_op_us": per_op, "analysis": analyse(prof),
-                    "per_op_projected_us": projected}
+            return {"steps": min(prof.step_num - 2, 3), "per_op_us": per_op, "analysis": analysis,
+                    "per_op_projected_us": projected, "projections": projections}
         except Exception as e:  # noqa: BLE001  a profiler problem must not cost the report
             return {"error": f"{type(e).__name__}: {e}"}
 

@@ -1,6 +1,7 @@
 """python -m torch_npu.doctor [options] SCRIPT.py [args...]  (also: torch_npu-doctor, torch_npu doctor)
 
-Runs SCRIPT on the npu and prints a report of what to fix."""
+Runs SCRIPT on the npu as the target chip (--target, default ascend910b2) and prints
+a report of what to fix there."""
 import argparse
 import os
 import runpy
@@ -24,9 +25,14 @@ def _parser(prog):
     p.add_argument("--steps-at", metavar="FILE:LINE",
                    help="each run of this line of the script is one iteration (by default the doctor finds the "
                         "script's loop itself, or counts optimizer steps)")
-    p.add_argument("--target", default="ascend910b2", metavar="PROFILE",
-                   help="end the report with the verdict for this chip profile (default ascend910b2; "
-                        "torch_npu.npu.list_profiles() names them), whatever profile the run uses; 'none' to skip")
+    p.add_argument("--target", default=None, metavar="PROFILE",
+                   help="run the script as this chip (its support set, dtypes and numerics) and end the report with "
+                        "the step's time projected there: a chip profile of torch_npu.npu.list_profiles(); default "
+                        "NPU_EMU_PROFILE when it names a chip, else ascend910b2. 'generic': the ideal npu, no chip "
+                        "verdict; 'none': the profile NPU_EMU_PROFILE sets (generic without it), no verdict")
+    p.add_argument("--also-target", metavar="A,B", default="",
+                   help="also answer for these chip profiles, from the same run (exact where the chips run the "
+                        "script's ops alike; the report says where not)")
     p.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name, as python -m")
     p.add_argument("script", metavar="SCRIPT", help="the Python script (or module with -m) to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
@@ -57,6 +63,35 @@ def _run_script(options):
     return None
 
 
+def _targets(options):
+    """The chip the script runs as (None: no verdict) and the other chips to answer for; the
+    npu is set to emulate the target before its first use. ValueError names a bad profile."""
+    import torch
+    from .. import _profiles
+    from . import _check_target
+    named = options.target
+    if named is None:
+        env = os.environ.get("NPU_EMU_PROFILE", "").strip()
+        named = env if env and env != _profiles.GENERIC else "ascend910b2"
+    also = [t.strip() for t in options.also_target.split(",") if t.strip()]
+    for name in also:
+        try:
+            _check_target(name)
+        except ValueError as e:
+            raise ValueError(f"--also-target {name}: {e}") from None
+    if named.lower() == "none":
+        return None, also
+    if named == _profiles.GENERIC:
+        torch.npu.set_profile(_profiles.GENERIC)
+        return None, also
+    try:
+        _check_target(named)
+    except ValueError as e:
+        raise ValueError(f"--target: {e}") from None
+    torch.npu.set_profile(named)   # before the npu's first use: the whole run is the chip's
+    return named, [t for t in also if t != named]
+
+
 def main(argv=None, prog="python -m torch_npu.doctor"):
     options = _parser(prog).parse_args(argv)
     if not options.module and not os.path.isfile(options.script):
@@ -66,26 +101,24 @@ def main(argv=None, prog="python -m torch_npu.doctor"):
     options.json = os.path.abspath(options.json) if options.json else None
     options.html = os.path.abspath(options.html) if options.html else None
     import torch_npu  # noqa: F401  (the npu device)
-    target = None if options.target.lower() == "none" else options.target
-    if target is not None:
-        from . import _check_target
-        try:
-            _check_target(target)
-        except ValueError as e:
-            print(f"{prog}: --target: {e}", file=sys.stderr)
-            return 2
+    try:
+        target, also = _targets(options)
+    except ValueError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
     if options.transfer:
         import torch_npu.contrib.transfer_to_npu  # noqa: F401
     from . import Doctor
 
     try:
         doctor = Doctor(compare=options.compare, profile=options.profile, progress=options.progress,
-                        script=options.script, steps_at=options.steps_at, target=target)
+                        script=options.script, steps_at=options.steps_at, target=target, also_targets=also)
     except ValueError as e:
         print(f"{prog}: --steps-at: {e}", file=sys.stderr)
         return 2
     with doctor:
         error = _run_script(options)
+        doctor.script_failed(error)
     if error is not None and doctor.run.error is None:
         doctor.run.error = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
     report = doctor.report()

@@ -15,6 +15,7 @@ float64, memory growth and wrong results, whose cost is not time). A host read, 
 or a fallback costs a chip more than the emulator's host time shows (the queue drains,
 then the launches restart): each counts at least ``_EVENT_SECONDS`` of its kind.
 """
+import collections
 import linecache
 import os
 import re
@@ -27,8 +28,7 @@ from ._monitor import KEPT_STEPS
 _LOOP_SHARE = 0.5
 _MIN_STEPS = 4            # fewer optimizer steps than this: judge by totals instead
 _MIN_LOOP_CALLS = 10      # ... at least this many times on one line
-_TINY_OP_NS = 50_000      # launch-bound: ops shorter than this on average,
-_TINY_OPS_PER_STEP = 32   # ... at least this many from one line per step,
+_TINY_OPS_PER_STEP = 32   # launch-bound: tiny ops (_monitor._TINY_ELEMENTS), this many from one line per step,
 _TINY_OPS_TOTAL = 512     # ... or in all when there are no steps,
 _TINY_OPS_PER_CALL = 32   # ... and this many in one execution of the function (a loop, not layers)
 _TINY_COPIES_PER_STEP = 64   # host-to-device: this many copies per step from one line,
@@ -40,14 +40,15 @@ _RECOMPILES = 2           # a function torch.compile compiled again this many ti
 _FRESH_COPIES = 3         # host tensors made by torch.randn & co. and copied in: at least this many, in the loop
 _MINOR_SHARE = 0.01       # a finding costing less than this share of the npu op time is minor,
 _MINOR_SECONDS = 1e-4     # ... or less than this in all
-_UNFLOORED = ("float64", "memory_growth", "wrong_result")   # their cost is not the time measured
+# Their cost is not time (or not time of this kind): never minor.
+UNFLOORED = ("float64", "memory_growth", "wrong_result", "float16_overflow", "unsupported_dtype", "compile")
 # The least each event costs on a chip, for the floor: a launch (24.5 us on an Ascend 910,
 # profiles/ascend910b3.toml), and for a wait for the npu two (the queue drains, then refills).
 _EVENT_SECONDS = {"hidden_sync": 49e-6, "cpu_fallback": 49e-6, "host_to_device_copy": 24.5e-6,
                   "launch_bound": 24.5e-6, "strided_copy": 24.5e-6}
 
 KINDS = ("cpu_fallback", "host_to_device_copy", "hidden_sync", "launch_bound", "strided_copy", "float64",
-         "memory_growth", "wrong_result", "compile")
+         "memory_growth", "wrong_result", "compile", "float16_overflow", "unsupported_dtype")
 
 
 @dataclass
@@ -110,6 +111,9 @@ def _looping(run, site, event, active_steps, calls):
 
 def _finding(kind, title, site, count, seconds, nbytes, remedy, others=(), **details):
     real = site is not None and site.file != "<unknown>"
+    if real and site.via:   # the op ran inside an installed package this line called
+        (file, line), _ = site.via.most_common(1)[0]
+        details.setdefault("inside", {"file": file, "line": line})
     return Finding(kind, title, count, seconds, nbytes, site.file if real else None, site.line if real else None,
                    _code(site) if real else "", remedy,
                    [(s.file, s.line) for s in others if s.file != "<unknown>"], details)
@@ -166,8 +170,20 @@ def _fallback_findings(run):
             op=op, dtypes=dtypes)
         label = {"no_kernel": "no npu kernel", "dtype": "dtype not supported", "policy": "forced by a policy",
                  "kernel_error": "npu kernel raised"}[reason]
-        out.append(_finding("cpu_fallback", f"{op} ran on the CPU ({label}), {count} times", hits[0][1], count,
-                            seconds, nbytes, remedy, [s for _, s in hits[1:]], op=op, reason=reason))
+        # Where it came from: the backward pass of this line, or an op of the line that reaches it
+        # (a decomposition on the chip, a composite).
+        backward = sum(s.fallback_backward.get(op, 0) for _, s in hits)
+        parents = collections.Counter()
+        for _, s in hits:
+            parents.update(s.fallback_parents.get(op, {}))
+        parent = next((p for p, _ in parents.most_common() if p != op), None)
+        how = ("in the backward pass of this line" if backward == count else
+               "in this line's forward and backward pass" if backward else
+               f"inside {parent}" if parent is not None else "")
+        title = f"{op} ran on the CPU ({label}{', ' + how if how else ''}), {count} times"
+        out.append(_finding("cpu_fallback", title, hits[0][1], count, seconds, nbytes, remedy,
+                            [s for _, s in hits[1:]], op=op, reason=reason, backward_calls=backward,
+                            within_op=parent))
     return out
 
 
@@ -274,6 +290,11 @@ _SYNC_FORMS = {
               "waits for the npu, {n} times",
               "use shape-static ops: torch.where(mask, x, 0) or masked_fill instead of boolean indexing, "
               "nonzero_static with a known size"),
+    "validate": ("`{expr}`: torch.distributions checks its arguments' values on the host, waiting for the npu "
+                 "{n} times",
+                 "pass validate_args=False to the distribution (or call "
+                 "torch.distributions.Distribution.set_default_validate_args(False) once, after debugging): each "
+                 "check reads the parameters on the host and waits for all queued npu work"),
     "synchronize": ("`{expr}` waits for the npu, {n} times",
                     "remove synchronize() from the loop: the stream keeps the order of npu work; "
                     "synchronize only to time a region or before reading results on the host"),
@@ -297,6 +318,11 @@ def _sync_findings(run):
         code = _code(site)
         form, expr, stmt = _sync_form(site, code)
         title, remedy = _SYNC_FORMS.get(form, _SYNC_FORMS["call"])
+        if site.library_syncs * 2 > site.syncs:
+            remedy = ("the installed package this line calls reads npu values on the host inside the call, waiting "
+                      "for all queued npu work each time: call it less often with more work per call (one call for "
+                      "a batch, not one per sample), or look for an option of the package that keeps the values on "
+                      "the device")
         if len(expr) > 60:
             expr = expr[:57] + "..."
         if len(stmt) > 60:
@@ -311,7 +337,9 @@ def _sync_findings(run):
 def _launch_findings(run):
     out = []
     for site in run.sites:
-        if site.library or not site.direct_ops or site.direct_ns / site.direct_ops > _TINY_OP_NS:
+        # Tiny by their size (a chip runs them in a few us, less than their launch), not by the
+        # time they took here: the machine's load must not change the verdict.
+        if site.library or site.direct_small * 2 < site.direct_ops or not site.direct_small:
             continue
         if site.most_ops_per_call < _TINY_OPS_PER_CALL:
             continue
@@ -562,8 +590,46 @@ def _memory_findings_with_snapshot(run):
     return found
 
 
+def _overflow_findings(run):
+    """float16 results past its range on a target that saturates them to +-65504 instead of
+    giving inf (910A, 310P): on the chip they are wrong finite numbers, silently."""
+    chip = getattr(run, "saturating_chip", None)
+    if chip is None:
+        return []
+    from ._target import overflow_sites
+    sites = {(s.file, s.line): s for s in run.sites}
+    found = overflow_sites(run)
+    if not found:
+        return []
+    (file, line, n), others = found[0], found[1:]
+    total = sum(k for *_, k in found)
+    site = sites[(file, line)]
+    return [_finding("float16_overflow", f"float16 results past +-65504 in {total} op calls: {chip} saturates them "
+                     f"to +-65504 instead of giving inf", site, total, 0.0, 0,
+                     f"on {chip} an overflowing float16 result becomes a wrong finite number, silently (GradScaler "
+                     f"sees the chip's overflow flag, other code does not): scale the values down (GradScaler for "
+                     f"gradients, a smaller init or a clamp for activations) or compute that part in float32",
+                     [sites[(f, l)] for f, l, _ in others], calls={f"{f}:{l}": k for f, l, k in found})]
+
+
+def _refusal_findings(run):
+    """The script stopped on an error the target chip raises where another device would not
+    (bfloat16 on a chip without bfloat16 units): at the user's line that raised it."""
+    refusal = getattr(run, "refusal", None)
+    if refusal is None:
+        return []
+    file, line, message = refusal
+    chip = getattr(run, "target_name", None) or "the chip"
+    code = linecache.getline(file, line).strip() if file else ""
+    return [Finding("unsupported_dtype", f"{chip} refuses bfloat16: the script stops here", 1, 0.0, 0, file,
+                    line, code, f"{chip} has no bfloat16 units: use float16 (torch.autocast('npu', "
+                    f"dtype=torch.float16), .half()) or float32 where this line makes or converts to bfloat16; "
+                    f"torch.npu.is_bf16_supported() tells at run time", details={"error": message})]
+
+
 _RULES = (_fallback_findings, _copy_findings, _sync_findings, _launch_findings, _strided_findings,
-          _float64_findings, _memory_findings_with_snapshot, _compare_findings, _compile_findings)
+          _float64_findings, _memory_findings_with_snapshot, _compare_findings, _compile_findings,
+          _overflow_findings, _refusal_findings)
 
 
 def diagnose(run):
@@ -572,7 +638,7 @@ def diagnose(run):
     findings = [f for rule in _RULES for f in rule(run)]
     floor = emulated_floor(run)
     for f in findings:
-        f.minor = f.kind not in _UNFLOORED and emulated_cost(f) < floor
+        f.minor = f.kind not in UNFLOORED and emulated_cost(f) < floor
     findings.sort(key=rank_key)
     return findings
 

@@ -56,8 +56,40 @@ def _is_internal(filename):
 
 
 def is_library(filename):
-    """Installed packages: their lines are reported, but they are not the user's to rewrite."""
+    """Installed packages: not the user's to rewrite; their work is reported at the user's line
+    that called them (``site_frame``)."""
     return "site-packages" in filename or "dist-packages" in filename
+
+
+_library_code = {}   # code object -> whether it is an installed package's
+
+
+def site_frame(frame):
+    """(the frame an op is reported at, the library line it ran in or None): for a frame of an
+    installed package, the user's line that called into it; when none called it (the whole
+    program is a package's), the package's own line."""
+    code = frame.f_code
+    library = _library_code.get(code)
+    if library is None:
+        library = _library_code[code] = is_library(code.co_filename)
+    if not library:
+        return frame, None
+    via = (code.co_filename, frame.f_lineno)
+    f = frame.f_back
+    while f is not None:
+        code = f.f_code
+        kind = _internal_code.get(code)
+        if kind is None:
+            name = code.co_filename
+            kind = _internal_code[code] = (_is_internal(name), name.startswith(_PLUMBING))
+        if not kind[0]:
+            library = _library_code.get(code)
+            if library is None:
+                library = _library_code[code] = is_library(code.co_filename)
+            if not library:
+                return f, via
+        f = f.f_back
+    return frame, None
 
 
 _internal_code = {}   # code object -> (internal, plumbing)
@@ -152,6 +184,21 @@ def _source_span(filename, position):
     return linecache.getline(filename, line)[col:end_col]
 
 
+_DISTRIBUTIONS = os.path.join(_TORCH_DIR, "distributions") + os.sep
+
+
+def _in_distribution_checks(caller, user):
+    """Is the read torch.distributions checking its arguments (validate_args), between
+    ``caller`` and the user's frame?"""
+    frame = caller
+    while frame is not None and frame is not user:
+        code = frame.f_code
+        if code.co_filename.startswith(_DISTRIBUTIONS) and code.co_name in ("__init__", "_validate_sample"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def sync_form(frame, kind):
     """How the user's line reads an npu value on the host: (form, expression, statement).
 
@@ -208,7 +255,8 @@ class Site:
                  "fallbacks", "fallback_dtypes", "op_names",
                  "kept_steps", "kept_bytes", "kept_graph", "holder", "loop", "loop_hits", "sync_forms", "sync_at",
                  "h2d_mark", "h2d_fresh", "h2d_fresh_ns", "h2d_fresh_bytes", "h2d_fresh_steps", "h2d_fresh_last_step",
-                 "h2d_origins", "callers", "f16_ops", "bf16_ops", "f16_overflows")
+                 "h2d_origins", "callers", "f16_ops", "bf16_ops", "f16_overflows", "via", "backward_ops",
+                 "fallback_parents", "fallback_backward", "direct_small", "library_syncs")
 
     def __init__(self, file, line):
         self.file, self.line = file, line
@@ -259,10 +307,21 @@ class Site:
         self.h2d_fresh_last_step = -1
         self.h2d_origins = collections.Counter()  # (file, line, op) of the factory -> copies
         self.callers = ()                        # (file, line) of the user frames above it, when first seen
+        self.via = collections.Counter()         # (file, line) of installed packages' lines its ops ran in
+        self.backward_ops = 0                    # ops of the backward pass of what this line computed
+        self.fallback_parents = {}               # op that fell back -> Counter of the ops it ran inside
+        self.fallback_backward = collections.Counter()   # op that fell back -> calls in the backward pass
+        self.direct_small = 0                    # direct ops on tensors of at most _TINY_ELEMENTS elements
+        self.library_syncs = 0                   # host reads made inside an installed package it called
 
     @property
     def where(self):
         return f"{self.file}:{self.line}"
+
+
+# A direct op whose tensors have at most this many elements is tiny: its work on a chip
+# (a few us at most) is below the cost of launching it.
+_TINY_ELEMENTS = 1 << 16
 
 
 class Loop:
@@ -418,6 +477,24 @@ def _content_key(t):
         return None
 
 
+_next_sequence_nr = torch._C._autograd._get_sequence_nr
+_HALF_MAX = 65504.0
+
+
+def _largest_npu(args):
+    """The most elements of an npu tensor among ``args`` (lists included)."""
+    most = 0
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.device.type == "npu" and a.numel() > most:
+                most = a.numel()
+        elif isinstance(a, (list, tuple)):
+            for t in a:
+                if isinstance(t, torch.Tensor) and t.device.type == "npu" and t.numel() > most:
+                    most = t.numel()
+    return most
+
+
 _DATA_DEPENDENT = {"aten::nonzero", "aten::masked_select", "aten::_unique2", "aten::unique_dim",
                    "aten::unique_consecutive", "aten::repeat_interleave", "aten::nonzero_static"}
 _FLOAT64 = (torch.float64, torch.complex128)
@@ -467,14 +544,18 @@ class Monitor(TorchDispatchMode):
         self.sites = {}
         self.op_calls = collections.Counter()     # op -> calls on the npu
         self.op_ns = collections.Counter()        # op -> host ns
+        self.host_op_calls = collections.Counter()   # OpOverload -> calls on host tensors only
+        self.host_op_ns = collections.Counter()      # ... and their host ns
         self.total_ops = 0
         self.step = 0                             # iterations so far (optimizer steps, Doctor.step(), loops)
         self.step_memory = []                     # (step, seconds, allocated, reserved) after each step
         self.step_times = []
         self.compare = compare                    # a _compare.Comparator or None
-        self._current = None                      # the site, args and float64-ness of the op now running
+        self._current = None                      # the site, args, float64-ness and op now running
         self._current_args = ()
         self._current_f64 = False
+        self._current_op = None
+        self._current_backward = False            # the op now running is the backward pass's
         self._live = {}                           # id(weakref) -> (site, step): npu tensors made by ops
         self._start = time.perf_counter()
         # The loop finder (see _line_change): the live frames of user code on the stack of the
@@ -495,6 +576,12 @@ class Monitor(TorchDispatchMode):
         # Host tensors made by factory ops on the user's lines: id -> (weak reference, origin).
         self._host_made = {}
         self._host_serial = 0
+        # Autograd nodes -> the site of the op they were made for (by sequence number, this
+        # thread's), for the backward pass; the next number, and where each step began.
+        self._seq_site = {}
+        self._next_seq = _next_sequence_nr()
+        self._step_seqs = collections.deque(maxlen=3)
+        self.backward_caller = None              # the site whose backward() runs now
 
     # ---- the dispatch mode ----
 
@@ -514,9 +601,14 @@ class Monitor(TorchDispatchMode):
             factory = _host_factory.get(func)
             if factory is None:
                 factory = _factory_kind(func)
-            if factory or self._host_made:
-                return self._host_op(func, args, kwargs, factory)
-            return func(*args, **kwargs)
+            start = time.perf_counter_ns()   # the op's own host time (for the chip's projection)
+            try:
+                if factory or self._host_made:
+                    return self._host_op(func, args, kwargs, factory)
+                return func(*args, **kwargs)
+            finally:
+                self.host_op_ns[func] += time.perf_counter_ns() - start
+                self.host_op_calls[func] += 1
         caller = sys._getframe(1)
         frame, direct, below = user_frame_and_call(caller)
         if frame is not None:
@@ -535,12 +627,26 @@ class Monitor(TorchDispatchMode):
                     top.below = below
             else:
                 self._rewalk(frame, line, direct, below)
-            site = self._site(frame, line)
-        else:
-            site = self._site_unknown()
+            shown, via = site_frame(frame)
+            if via is None:
+                site = self._site(frame, line)
+            else:                          # inside an installed package: the user's line that called it
+                site = self._site(shown)
+                site.via[via] += 1
+            if self._thread == threading.get_ident():
+                # The autograd nodes made for this op (before it reached this mode): their
+                # backward runs where no Python frame names a line, so they name this one.
+                made = _next_sequence_nr()
+                if made != self._next_seq:
+                    for seq in range(self._next_seq, made):
+                        self._seq_site[seq] = site
+                    self._next_seq = made
+        else:   # autograd's thread, or no user frame at all: the backward pass (resolved when it matters)
+            site = self.backward_caller or self._site_unknown()
         name = func._schema.name
-        previous = self._current, self._current_args, self._current_f64
-        self._current, self._current_args, self._current_f64 = site, args, f64_in
+        previous = self._current, self._current_args, self._current_f64, self._current_op, self._current_backward
+        self._current, self._current_args, self._current_f64, self._current_op = site, args, f64_in, func
+        self._current_backward = frame is None
         comparing = self.compare is not None and self.compare.wants(func)
         if comparing:
             host_args, host_kwargs = self.compare.to_host(args, kwargs)
@@ -551,7 +657,8 @@ class Monitor(TorchDispatchMode):
         try:
             out = func(*args, **kwargs)
         finally:
-            self._current, self._current_args, self._current_f64 = previous
+            (self._current, self._current_args, self._current_f64, self._current_op,
+             self._current_backward) = previous
         ns = time.perf_counter_ns() - start
         if comparing:
             self.compare.check(func, args, kwargs, out, host_args, host_kwargs, site)
@@ -565,7 +672,9 @@ class Monitor(TorchDispatchMode):
         if low is not None:
             if low == torch.float16:
                 site.f16_ops += 1
-                if self.watch_overflow:
+                # Not in the backward pass: scaled gradients overflow by design, and GradScaler
+                # reads the chip's overflow flag for them.
+                if self.watch_overflow and frame is not None:
                     self._count_overflow(site, out)
             else:
                 site.bf16_ops += 1
@@ -575,6 +684,8 @@ class Monitor(TorchDispatchMode):
         if direct and not _is_view_op(func):
             site.direct_ops += 1
             site.direct_ns += ns
+            if _largest_npu(args) <= _TINY_ELEMENTS:
+                site.direct_small += 1
             if site.call_frame is not frame:
                 site.call_frame, site.call_ops = frame, 0
                 parent = frame.f_back
@@ -599,10 +710,43 @@ class Monitor(TorchDispatchMode):
 
     @staticmethod
     def _count_overflow(site, out):
+        """Counts a float16 result past float16's range: inf here, or +-65504 on a chip
+        that saturates instead (the run's own profile, or a target's)."""
         for o in (out if isinstance(out, (list, tuple)) else (out,)):
             if isinstance(o, torch.Tensor) and o.dtype == torch.float16 and o.device.type == "npu" and o.numel():
-                hit = torch.isinf(o).any().to(torch.int32)   # (the mode is off in here: not counted as the user's)
+                # (the mode is off in here: not counted as the user's)
+                hit = o.abs().ge(_HALF_MAX).any().to(torch.int32)
                 site.f16_overflows = hit if site.f16_overflows is None else site.f16_overflows.add_(hit)
+
+    def _forward_site(self):
+        """The forward line of the autograd node whose backward runs now (as torch.profiler
+        links them, by sequence number), or None. Asked only when an event of the backward
+        pass needs a line: a lookup per op would cost the run more than the rest of the doctor."""
+        node = torch._C._current_autograd_node()
+        if node is None:
+            return None
+        site = self._seq_site.get(node._sequence_nr())
+        if site is not None:
+            site.backward_ops += 1
+        return site
+
+    def on_backward(self, frame):
+        """backward() called from ``frame`` (None: it returned): its ops without a forward
+        line are that line's."""
+        if frame is None:
+            self.backward_caller = None
+            return
+        frame, _ = user_frame(frame)
+        self.backward_caller = self._site(site_frame(frame)[0]) if frame is not None else None
+
+    def pure_host_us(self):
+        """Per op name, its mean host time as measured around the op itself (without the
+        dispatch mode's own cost): what a real host spends on an op that launches nothing."""
+        total, calls = collections.Counter(self.op_ns), collections.Counter(self.op_calls)
+        for func, n in self.host_op_calls.items():
+            total[func._schema.name] += self.host_op_ns[func]
+            calls[func._schema.name] += n
+        return {op: total[op] / n / 1e3 for op, n in calls.items() if n}
 
     def _site_unknown(self):
         key = ("<unknown>", 0)
@@ -744,12 +888,16 @@ class Monitor(TorchDispatchMode):
         if self._top is not None:
             self._top.work = True
         self._loop_hit(site, "sync")
+        if frame is not None and is_library(frame.f_code.co_filename):
+            site.library_syncs += 1
         if frame is not None:
             at = (frame.f_lasti, kind)
             form = site.sync_at.get(at)
             if form is None and len(site.sync_at) < 16:
                 try:
                     form = site.sync_at[at] = sync_form(frame, kind)
+                    if caller is not None and _in_distribution_checks(caller, frame):
+                        form = site.sync_at[at] = ("validate", form[1], form[2])
                 except Exception:  # noqa: BLE001  naming the expression must never cost the run
                     form = site.sync_at[at] = (kind, "", "")
             if form is not None:
@@ -969,12 +1117,20 @@ class Monitor(TorchDispatchMode):
             if on_users_behalf(caller):
                 return    # the reductions of printing a tensor: part of the print, found as a sync
             frame, _ = user_frame(caller)
-            site = self._site(frame) if frame is not None else self._site_unknown()
+            site = self._site(site_frame(frame)[0]) if frame is not None else self._site_unknown()
         elif reason == "dtype" and self._current_f64 and on_users_behalf(sys._getframe(1)):
             return        # GradScaler's float64 reciprocal of the scale
         if reason == "dtype" and self._current_f64:
             reason = "float64"
+        if self._current_backward:   # at the line whose forward the backward pass is for
+            site = self._forward_site() or site
         site.fallbacks[(op, reason)] += 1
+        if self._current_backward:
+            site.fallback_backward[op] += 1
+        if self._current_op is not None:   # the op the user's line ran, which fell back inside
+            parents = site.fallback_parents.setdefault(op, collections.Counter())
+            schema = self._current_op._schema
+            parents[schema.name + (f".{schema.overload_name}" if schema.overload_name else "")] += 1
         dtypes = site.fallback_dtypes.setdefault(op, set())
         for a in self._current_args:
             for t in (a if isinstance(a, (list, tuple)) else (a,)):
@@ -986,6 +1142,12 @@ class Monitor(TorchDispatchMode):
         frame, _ = user_frame(frame)
         if frame is None:
             self._sync(self._site_unknown(), ns, kind, nbytes)
+            return
+        shown, via = site_frame(frame)
+        if via is not None:   # inside an installed package: the user's line that called it
+            site = self._site(shown)
+            site.via[via] += 1
+            self._sync(site, ns, kind, nbytes, frame)
             return
         line = frame.f_lineno
         if frame is self._top_frame:
@@ -1004,6 +1166,11 @@ class Monitor(TorchDispatchMode):
 
     def on_step(self):
         self.release_frames()
+        # The nodes of steps before the last two have run their backward: forget them.
+        self._step_seqs.append(self._next_seq)
+        if len(self._step_seqs) == self._step_seqs.maxlen:
+            oldest = self._step_seqs[0]
+            self._seq_site = {s: v for s, v in self._seq_site.items() if s >= oldest}
         self.step += 1
         now = time.perf_counter() - self._start
         self.step_times.append(now)

@@ -69,6 +69,10 @@ class Run:
     clock: Optional[str] = None      # what the steps are: "optimizer", "loop", "manual" (step()), "line" (steps_at)
     loop: object = None              # _monitor.Loop whose iterations are the steps (clock "loop")
     compile: Optional[dict] = None   # what torch.compile did during the run (doctor/__init__.py), None: nothing
+    target_name: Optional[str] = None      # the target chip's device name
+    saturating_chip: Optional[str] = None  # the target's device name when it saturates float16 overflow
+    refusal: Optional[tuple] = None        # (file, line, message): the script stopped on the chip's refusal
+    also: list = field(default_factory=list)   # _target.Verdict of each --also-target
 
     @classmethod
     def collect(cls, doctor, wall, stats_after, profile, error):
@@ -108,11 +112,35 @@ class Run:
             ops=ops, sites=list(monitor.sites.values()), fallback_stats=delta, memory=list(doctor._sampler.memory),
             step_memory=list(monitor.step_memory), peak_allocated=max([peak] + samples),
             profile=profile, compared=comparator.compared if comparator is not None else None,
-            mismatches=mismatches, error=None if error is None else f"{type(error).__name__}: {error}")
+            mismatches=mismatches, error=_error_text(error),
+            refusal=_refusal(error))
 
     @property
     def fallback_calls(self):
-        return sum(o.fallbacks for o in self.ops)
+        """Calls that ran on the CPU: the user's ops', and those of ops reached inside them."""
+        return sum(s.count for s in self.fallback_stats.values())
+
+
+def _error_text(error):
+    if error is None:
+        return None
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def _refusal(error):
+    """(file, line, message) when ``error`` is a chip's refusal of a dtype (a TypeError naming
+    the chip): the user's line it raised at, from its traceback."""
+    if not isinstance(error, TypeError) or "is not supported by" not in str(error):
+        return None
+    from ._monitor import _is_internal, is_library
+    where = None
+    tb = error.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if not _is_internal(name) and not is_library(name) and not name.startswith("<"):
+            where = (name, tb.tb_lineno)
+        tb = tb.tb_next
+    return None if where is None else (*where, str(error))
 
 
 def _size(n):
@@ -128,6 +156,8 @@ def _time(s):
 
 CLEAN = ("No problems found: no CPU fallbacks, copies or syncs in the loop, launch-bound lines, float64 or "
          "memory growth.")
+CLEAN_ON = ("No problems found on {chip}: no CPU fallbacks, refused dtypes or float16 overflow there, no copies or "
+            "syncs in the loop, launch-bound lines, float64 or memory growth.")
 
 
 def cost_text(finding, chip=None):
@@ -198,12 +228,17 @@ class Report:
         lines = self.header_lines() + [""]
         major = [f for f in r.findings if not getattr(f, "minor", False)]
         minor = [f for f in r.findings if getattr(f, "minor", False)]
+        verdict = self.verdict
         if not major:
-            lines.append(CLEAN)
+            lines.append(CLEAN_ON.format(chip=verdict.device_name) if verdict is not None else CLEAN)
         else:
-            lines.append(f"{len(major)} finding{'s' if len(major) > 1 else ''}, costliest first:")
+            on = f" (on {verdict.device_name})" if verdict is not None else ""
+            lines.append(f"{len(major)} finding{'s' if len(major) > 1 else ''}{on}, costliest first:")
             for i, f in enumerate(major, 1):
                 lines += ["", f"{i}. [{f.kind}] {f.title}", f"   at {f.where}" + (f"    {f.code}" if f.code else "")]
+                inside = f.details.get("inside")
+                if inside:
+                    lines.append(f"   inside {shown_path(inside['file'])}:{inside['line']} (an installed package)")
                 chip = r.verdict.device_name if r.verdict is not None else None
                 if cost_text(f, chip):
                     lines.append(f"   cost: {cost_text(f, chip)}")
@@ -211,21 +246,24 @@ class Report:
                     lines.append(f"   also at: {other_locations_text(f)}")
                 lines.append(f"   fix: {f.remedy}")
         if minor:
-            where = " here and on the target chip" if r.verdict is not None else ""
-            lines += ["", f"Minor (under 1% of the npu time each{where}; fix them last): "
+            where = (f"under 1% of the steps' time projected on {r.verdict.device_name}" if r.verdict is not None
+                     else "under 1% of the npu time")
+            lines += ["", f"Minor ({where} each; fix them last): "
                           + "; ".join(f"[{f.kind}] {f.title} at {f.where}" for f in minor)]
         lines += ["", self.ops_table()]
         profile = r.profile
         if profile and "analysis" in profile:
-            lines += ["", f"Profile of {profile['steps']} steps (torch_npu.profiler):", str(profile["analysis"])]
+            lines += ["", f"Profile of {profile['steps']} steps here, on the emulated npu (torch_npu.profiler):",
+                      profile["analysis"].text(chip=False)]
         elif profile and "error" in profile:
             lines += ["", f"The profiler failed: {profile['error']}"]
         if r.compared is not None:
             lines += ["", f"--compare: {r.compared:,} npu op calls compared with the cpu; "
                           f"{len(r.mismatches)} op{'s' if len(r.mismatches) != 1 else ''} differ"]
-        verdict = self.verdict
         if verdict is not None:
             lines += [""] + verdict.lines()
+        for other in r.also:
+            lines += [""] + other.lines()
         return "\n".join(lines)
 
     @property
@@ -273,6 +311,7 @@ class Report:
                 {"op": m.op, "bad_calls": m.bad_calls, "calls": m.calls, "max_abs_diff": m.max_abs_diff,
                  "dtype": m.dtype, "inputs": m.inputs} for m in r.mismatches]},
             "target": None if self.verdict is None else self.verdict.as_dict(),
+            "also_targets": [v.as_dict() for v in r.also],
             "compile": r.compile,
         }
 

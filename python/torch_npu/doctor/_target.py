@@ -1,19 +1,25 @@
-"""The real chip's verdict: what the run would meet on a target chip.
+"""The real chip's verdict: what the run meets on a target chip.
 
-Whatever device profile the run used, the report ends with a section for a
-target chip profile (``--target``, default ascend910b2): the ops that would
-fall back there (from the registry's answer for that profile, with the lines
-and calls this run made), the dtypes it refuses, the projected device time per
-iteration against the host's launching time (the profiled steps are projected
-onto the target, csrc/core/profile.h), and the findings re-ranked by their
-projected cost on the chip, where a sync drains a deep queue and every launch
-costs the chip's launch overhead. Every projected figure is an estimate of
-the profile's cost model.
+The CLI runs the script as the target (``--target``, default ascend910b2: the
+npu emulates that chip's support set, dtypes and numerics), so its fallbacks,
+refused dtypes and float16 saturation are the chip's own, found in the run and
+reported as findings. A Doctor whose npu emulates another profile (``Doctor(target=)``
+in code, or ``--also-target``) answers from the ops the run saw: exact where the
+two chips treat those ops alike, and saying where not.
+
+Costs are projected with the target's cost model (profiles/*.toml, each figure
+with its source; profiler/_projection.py): the profiled steps replayed on the
+chip's timeline (the host's Python measured here, the adapter's dispatch per
+launch, kernels at their overhead and roofline, the host's waits), and each
+finding's cost from its counts: ``projected_cost``. Both use counts and the
+profile's figures only, no host timing of this machine, so a finding's rank and
+its major/minor split are the same from run to run.
 """
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 DEFAULT_TARGET = "ascend910b2"
+_MINOR_SHARE = 0.01       # a finding costing less than this share of the steps' projected time is minor
 
 
 @dataclass
@@ -21,7 +27,7 @@ class TargetFallback:
     op: str
     calls: int
     sites: List[Tuple[str, int, int]]   # (file, line, calls), most calls first
-    here: str                           # how it ran in this run: "npu", "composite" or "cpu"
+    here: str                           # how it ran in this run: "cpu" (fell back here too), "npu", "composite"
 
 
 @dataclass
@@ -37,45 +43,92 @@ class RankedFinding:
 class Verdict:
     target: str                      # profile name
     device_name: str                 # "Ascend910B2"
+    exact: bool = True               # the run emulated the target: what ran is what the chip runs
+    not_exact: List[str] = field(default_factory=list)   # where the answer is derived, and why
     fallbacks: List[TargetFallback] = field(default_factory=list)
     refused_dtypes: List[str] = field(default_factory=list)
+    overflow_sites: List[Tuple[str, int, int]] = field(default_factory=list)   # float16 results past its range
     steps: int = 0                   # profiled steps the projection covers (0: none)
-    kernels_per_step: float = 0.0
-    device_ms_per_step: float = 0.0
-    launch_ms_per_step: float = 0.0
-    host_ms_per_step: float = 0.0
-    bound: Optional[str] = None      # "host" or "device" on the target
+    step: object = None              # _projection.ChipProjection of one step, or None
     ranked: List[RankedFinding] = field(default_factory=list)
-    overflow_sites: List[Tuple[str, int, int]] = field(default_factory=list)   # float16 results that were inf
+    figures: Dict[str, str] = field(default_factory=dict)   # cost figure -> "value (basis: source)"
 
     @property
-    def remedy(self):
+    def bound(self):
+        return self.step.bound if self.step is not None else None
+
+    @property
+    def kernels_per_step(self):
+        return self.step.kernels if self.step is not None else 0.0
+
+    @property
+    def device_ms_per_step(self):
+        return self.step.device_us / 1e3 if self.step is not None else 0.0
+
+    @property
+    def host_ms_per_step(self):
+        return self.step.host_us / 1e3 if self.step is not None else 0.0
+
+    @property
+    def step_ms(self):
+        return self.step.step_us / 1e3 if self.step is not None else 0.0
+
+    @property
+    def launch_ms_per_step(self):
+        """The host's dispatch of the step's launches on the real adapter."""
+        return self.step.dispatch_us / 1e3 if self.step is not None else 0.0
+
+    @property
+    def graph_ms_per_step(self):
+        """The step's device work replayed as one graph (no dispatch per kernel)."""
+        return self.step.as_graph_us / 1e3 if self.step is not None else 0.0
+
+    def suggestion(self):
+        """What would make the step faster there (not a finding: a clean script can be host-bound)."""
+        if self.step is None or not self.step.kernels:
+            return ""
         if self.bound == "host":
-            return ("the chip would wait for the host's launches: torch.compile the step (fused kernels, fewer "
-                    "launches), capture it as a graph, or use fewer, larger ops (batch the Python loops)")
-        if self.bound == "device":
-            return ("the chip's own work dominates: look at the largest kernels (the profiler's 'NPU projected' "
-                    "column) and at float32 matmuls that could run in bfloat16 or float16")
-        return ""
+            graph = self.graph_ms_per_step
+            gain = f" (projected {graph:.3g} ms a step, {self.step_ms / graph:.1f}x faster)" if graph > 0 else ""
+            blockers = [what for what, n in (("CPU fallbacks", self.step.fallbacks), ("host reads", self.step.waits))
+                        if n]
+            graph_text = ("capture the step as an NPUGraph" + gain if not blockers else
+                          f"once its {' and '.join(blockers)} are out of the step, capture it as an NPUGraph" + gain)
+            return ("the chip waits for the host's launches: " + graph_text
+                    + ", torch.compile it (fewer, fused kernels), or use fewer, larger ops")
+        return ("the chip's own work dominates: look at the largest kernels (the profiler's 'NPU projected' "
+                "column) and at float32 matmuls that could run in bfloat16 or float16")
 
     def lines(self):
-        out = [f"On {self.device_name} (target '{self.target}'; projected with its cost model, an estimate):"]
-        if self.steps:
-            out.append(f"  {self.bound}-bound on {self.device_name}: {self.kernels_per_step:,.0f} kernels per step, "
-                       f"{self.device_ms_per_step:.1f} ms of device work, {self.launch_ms_per_step:.1f} ms of "
-                       f"launches; the host spends {self.host_ms_per_step:.1f} ms launching them")
-            out.append(f"  fix: {self.remedy}")
+        how = ("the run emulated it: its support set, dtypes and numerics" if self.exact else
+               "answered from a run on another profile: " + "; ".join(self.not_exact))
+        out = [f"On {self.device_name} (target '{self.target}'; {how}):"]
+        if self.step is not None:
+            p = self.step
+            out.append(f"  a step takes {p.step_us / 1e3:.2f} ms there (projected, an estimate), {p.bound}-bound: the "
+                       f"chip idles {100 * p.device_idle_us / p.step_us if p.step_us else 0:.0f}% of it")
+            out.append(f"    host {p.host_us / 1e3:.2f} ms: Python {p.python_us / 1e3:.2f} ms (measured here) + "
+                       f"dispatch of {p.launches:,.0f} launches {p.dispatch_us / 1e3:.2f} ms "
+                       f"(host_dispatch_us {self.figures.get('host_dispatch_us', '?')})"
+                       + (f" + host-side ops {p.host_ops_us / 1e3:.2f} ms" if p.host_ops_us >= 5 else "")
+                       + (f" + CPU fallbacks {p.fallback_host_us / 1e3:.2f} ms" if p.fallbacks else "")
+                       + (f"; waits {p.wait_us / 1e3:.2f} ms for the device" if p.waits else ""))
+            out.append(f"    device {p.device_us / 1e3:.2f} ms: {p.kernels:,.0f} kernels and {p.copies:,.0f} copies, "
+                       f"per-kernel overhead {p.overhead_us / 1e3:.2f} ms (kernel_overhead_us "
+                       f"{self.figures.get('kernel_overhead_us', '?')})")
+            suggestion = self.suggestion()
+            if suggestion:
+                out.append(f"  to go faster there: {suggestion}")
         else:
             out.append("  no profiled steps to project (run without --no-profile, with at least 5 iterations)")
         if self.fallbacks:
             n = len(self.fallbacks)
-            out.append(f"  would fall back to the CPU there ({n} op{'s' if n != 1 else ''}):")
+            out.append(f"  falls back to the CPU there ({n} op{'s' if n != 1 else ''}):")
             for f in self.fallbacks[:10]:
-                where = ", ".join(f"{_short(path)}:{line} ({n})" for path, line, n in f.sites[:3])
-                note = " (falls back in this run too)" if f.here == "cpu" else ""
-                out.append(f"    {f.op}: {f.calls} calls{note}, at {where}")
+                where = ", ".join(f"{_short(path)}:{line} ({k})" for path, line, k in f.sites[:3]) or "(no line)"
+                out.append(f"    {f.op}: {f.calls} calls, at {where}")
         else:
-            out.append("  no op of this run would fall back there")
+            out.append("  no op of this run falls back to the CPU there")
         for dtype in self.refused_dtypes:
             out.append(f"  {dtype}")
         if self.ranked:
@@ -83,7 +136,8 @@ class Verdict:
         return out
 
     def as_dict(self):
-        return {"target": self.target, "device_name": self.device_name,
+        return {"target": self.target, "device_name": self.device_name, "exact": self.exact,
+                "not_exact": list(self.not_exact),
                 "fallbacks": [{"op": f.op, "calls": f.calls, "here": f.here,
                                "sites": [{"file": p, "line": n, "calls": c} for p, n, c in f.sites]}
                               for f in self.fallbacks],
@@ -91,7 +145,9 @@ class Verdict:
                 "float16_overflows": [{"file": p, "line": n, "calls": c} for p, n, c in self.overflow_sites],
                 "kernels_per_step": self.kernels_per_step, "device_ms_per_step": self.device_ms_per_step,
                 "launch_ms_per_step": self.launch_ms_per_step, "host_ms_per_step": self.host_ms_per_step,
-                "bound": self.bound,
+                "step_ms": self.step_ms, "graph_ms_per_step": self.graph_ms_per_step,
+                "python_ms_per_step": self.step.python_us / 1e3 if self.step is not None else 0.0,
+                "bound": self.bound, "figures": dict(self.figures),
                 "ranked": [{"index": r.index, "kind": r.kind, "projected_s": r.projected_s} for r in self.ranked]}
 
 
@@ -100,115 +156,175 @@ def _short(path):
     return shown_path(path)
 
 
-def _projected_cost(finding, cost, backlog_s=0.0, iterations=0):
-    """A finding's cost on the chip, seconds: each launch, copy or sync pays the chip's
-    launch overhead; bytes cross the host link or device memory at their speed. A host
-    read also drains the chip's queue: the chip then idles through the host's time until
-    its next launch (measured here, ``host_gap_s``), where without the wait it would have
-    worked through its backlog (``backlog_s`` per step: the chip's time per step beyond the
-    host's, from the profiled steps; none when the chip keeps up with the host)."""
-    launch = cost["launch_us"] * 1e-6
-    link = cost["link_gbps"] * 1e9
-    memory = cost["memory_gbps"] * 1e9
-    n, nbytes = max(finding.count, 0), max(finding.bytes, 0)
-    gap = finding.details.get("host_gap_s", 0.0) if finding.kind == "hidden_sync" else 0.0
-    waits = min(gap, min(n, iterations) * backlog_s) if iterations else 0.0
-    if finding.kind == "hidden_sync":
-        return n * 2 * launch + waits              # the queue drains, then the launches restart
-    if finding.kind in ("cpu_fallback", "float64"):
-        return n * 2 * launch + 2 * nbytes / link           # a sync, copies both ways
-    if finding.kind == "host_to_device_copy":
-        return n * launch + nbytes / link
-    if finding.kind == "launch_bound":
-        return n * launch
-    if finding.kind == "strided_copy":
-        return n * launch + 2 * nbytes / memory
-    if finding.kind == "compile":
-        return finding.seconds                     # compiling is host work, the same there
-    return 0.0
+# ---- what the run's ops do on another chip ------------------------------------------
+
+def _fate(op, profile):
+    """"npu", "composite" (decomposes into other ops) or "cpu" for aten op ``op`` on ``profile``;
+    None for an op the registry does not know."""
+    from .. import _ops_registry
+    info = _ops_registry.get(op, profile=profile)
+    return None if info is None else info.backend
 
 
-def verdict(run, target):
-    """The section for chip profile ``target`` of a finished run."""
-    from .. import _ops_registry, _profiles
-    chip = _profiles.load(target)
-    out = Verdict(target=target, device_name=chip.device_name)
-    # Ops the target lacks, with the lines that called them.
+def _cross_fallbacks(run, target):
+    """The run's ops as ``target`` would run them: (fallbacks, reasons it is not exact)."""
+    from .. import _profiles
+    here = _profiles.active().name
     calls_at = {}
     for site in run.sites:
         for op, n in site.op_names.items():
             calls_at.setdefault(op, []).append((site.file, site.line, n))
+    # Fallbacks of this run, and the ops they ran inside (a decomposition's part, a backward's op).
+    fell = {}
+    for site in run.sites:
+        for (op, reason), n in site.fallbacks.items():
+            if reason in ("no_kernel", "dtype", "float64"):
+                fell.setdefault(op, []).append((site, n))
+    out, unsure = {}, []
+    seen_here = {s.op: s for s in run.ops}
     for summary in run.ops:
         if not summary.op.startswith("aten::"):
             continue
-        there = _ops_registry.get(summary.op, profile=target)
-        if there is None or there.backend != "cpu":
+        now, there = _fate(summary.op, here), _fate(summary.op, target)
+        if there == "cpu" and now != "cpu":
+            sites = sorted(calls_at.get(summary.op, []), key=lambda s: -s[2])
+            out[summary.op] = TargetFallback(summary.op, summary.calls, sites, "composite" if now == "composite" else "npu")
+        elif there == "composite" and now == "npu":
+            unsure.append(f"{summary.op} decomposes there into ops this run did not run")
+    for op, hits in fell.items():
+        parents = set()
+        for site, _ in hits:
+            parents.update(site.fallback_parents.get(op, {}))
+        # Inside an op the target runs natively, the part never runs there.
+        if parents and all(_fate(p, target) == "npu" for p in parents if p in seen_here or p.startswith("aten::")):
             continue
-        here = _ops_registry.get(summary.op)
-        sites = sorted(calls_at.get(summary.op, []), key=lambda s: -s[2])
-        out.fallbacks.append(TargetFallback(summary.op, summary.calls, sites,
-                                            "cpu" if summary.fallbacks else (here.backend if here else "npu")))
-    out.fallbacks.sort(key=lambda f: -f.calls)
-    # Dtypes: bfloat16 on a chip without it; float16 overflow there saturates.
+        there = _fate(op, target)
+        if there == "cpu" or there is None:
+            sites = sorted(((s.file, s.line, n) for s, n in hits), key=lambda s: -s[2])
+            out.setdefault(op, TargetFallback(op, sum(n for _, n in hits), sites, "cpu"))
+        elif there == "composite":
+            unsure.append(f"{op} falls back here and decomposes there")
+    return sorted(out.values(), key=lambda f: -f.calls), sorted(set(unsure))[:5]
+
+
+def _run_fallbacks(run):
+    """The run's own fallbacks (it ran as the target): per op, its calls and lines."""
+    by_op = {}
+    for site in run.sites:
+        for (op, reason), n in site.fallbacks.items():
+            if reason in ("no_kernel", "dtype", "float64"):
+                by_op.setdefault(op, []).append((site.file, site.line, n))
+    return sorted((TargetFallback(op, sum(n for *_, n in hits), sorted(hits, key=lambda s: -s[2]), "cpu")
+                   for op, hits in by_op.items()), key=lambda f: -f.calls)
+
+
+def verdict(run, target, exact):
+    """The section for chip profile ``target`` of a finished run; ``exact``: the npu emulated it."""
+    from .. import _profiles
+    chip = _profiles.load(target)
+    out = Verdict(target=target, device_name=chip.device_name, exact=exact)
+    out.figures = {k: f"{f.value:g} ({f.label})" for k, f in (chip.cost_figures or {}).items()}
+    if exact:
+        out.fallbacks = _run_fallbacks(run)
+    else:
+        out.fallbacks, unsure = _cross_fallbacks(run, target)
+        here = _profiles.active()
+        out.not_exact.append(f"the npu ran as '{here.name}', so the ops are that profile's")
+        out.not_exact += unsure
+        if here.inf_nan != chip.inf_nan:
+            out.not_exact.append("float16 overflow is " + ("saturated there" if not chip.inf_nan else "inf there"))
+    # Dtypes: bfloat16 on a chip without it; float16 results past its range where it saturates.
     if not chip.bfloat16:
-        bf16 = [s for s in run.sites if getattr(s, "bf16_ops", 0)]
+        bf16 = [s for s in run.sites if s.bf16_ops]
         if bf16:
             s = max(bf16, key=lambda s: s.bf16_ops)
             out.refused_dtypes.append(
                 f"bfloat16 is refused there ({chip.device_name} has no bfloat16 units): {sum(x.bf16_ops for x in bf16)} "
                 f"ops used it, first at {_short(s.file)}:{s.line}; use float16 (autocast dtype=torch.float16)")
-    f16 = [s for s in run.sites if getattr(s, "f16_ops", 0)]
-    if not chip.inf_nan and f16:
-        overflowed = sorted(((s, int(s.f16_overflows.item())) for s in f16 if s.f16_overflows is not None),
-                            key=lambda sn: -sn[1])
-        overflowed = [(s, n) for s, n in overflowed if n]
-        out.overflow_sites = [(s.file, s.line, n) for s, n in overflowed]
-        if overflowed:
-            where = ", ".join(f"{_short(s.file)}:{s.line} ({n})" for s, n in overflowed[:3])
+    if not chip.inf_nan:
+        out.overflow_sites = overflow_sites(run)
+        f16 = [s for s in run.sites if s.f16_ops]
+        if out.overflow_sites:
+            where = ", ".join(f"{_short(f)}:{n} ({k})" for f, n, k in out.overflow_sites[:3])
             out.refused_dtypes.append(
-                f"float16 results overflowed to inf in {sum(n for _, n in overflowed)} op calls of this run, at "
-                f"{where}; {chip.device_name} saturates them to +-65504 instead, so what is inf here is a wrong "
-                f"finite number there: scale the values down (GradScaler for gradients, a smaller init or a "
-                f"clamp for activations) or compute that part in float32")
-        else:
+                f"float16 results past +-65504 in {sum(k for *_, k in out.overflow_sites)} op calls, at {where}: "
+                f"{chip.device_name} saturates them to +-65504 instead of giving inf")
+        elif f16:
             s = max(f16, key=lambda s: s.f16_ops)
             out.refused_dtypes.append(
                 f"float16 overflow saturates to +-65504 there instead of giving inf; no float16 result of this run "
                 f"overflowed ({sum(x.f16_ops for x in f16)} float16 ops, first at {_short(s.file)}:{s.line})")
-    # The profiled steps, projected onto the target.
-    analysis = (run.profile or {}).get("analysis")
-    projected = getattr(analysis, "projected_device_us", None)
-    if analysis is not None and projected and getattr(analysis, "profile", None) == chip.device_name:
-        steps = max(run.profile.get("steps", 1), 1)
-        out.steps = steps
-        out.kernels_per_step = analysis.projected_kernels / steps
-        out.device_ms_per_step = analysis.projected_device_us / steps / 1e3
-        out.launch_ms_per_step = analysis.projected_launch_us / steps / 1e3
-        out.host_ms_per_step = analysis.projected_host_us / steps / 1e3
-        out.bound = analysis.projected_bound
+    window = (run.profile or {}).get("projections", {}).get(target)
+    if window is not None:
+        from ..profiler._projection import per_step
+        out.steps = max(run.profile.get("steps", 1), 1)
+        out.step = per_step(window, out.steps)
     return out
 
 
-def rank(run, findings, target):
-    """The verdict for ``target``, and ``findings`` re-ranked in place by their projected cost
-    there (``Finding.projected_s``): a finding is minor only when it is minor both in this run
-    and on the chip (under _MINOR_SHARE of the projected time of the run's iterations)."""
-    from ._findings import _MINOR_SHARE, _UNFLOORED, emulated_cost, emulated_floor, rank_key
-    out = verdict(run, target)
+def overflow_sites(run):
+    """(file, line, calls) of float16 results past float16's range, most first."""
+    found = []
+    for s in run.sites:
+        if s.f16_overflows is not None:
+            n = int(s.f16_overflows.item())
+            if n:
+                found.append((s.file, s.line, n))
+    return sorted(found, key=lambda x: -x[2])
+
+
+# ---- each finding's cost there ----------------------------------------------------
+
+def projected_cost(finding, cost):
+    """A finding's cost on the chip, seconds, from its counts and bytes and the profile's
+    figures (each event as the cost model charges it; no host timing of this run):
+    a wait for the device costs the wait's latency and the dispatch that restarts the
+    chip; a fallback waits, copies its bytes both ways and dispatches again; a copy in
+    dispatches and crosses the link; a tiny kernel costs its dispatch."""
+    dispatch = cost["host_dispatch_us"] * 1e-6
+    sync = cost["sync_us"] * 1e-6
+    link = cost["link_gbps"] * 1e9
+    memory = cost["memory_gbps"] * 1e9
+    n, nbytes = max(finding.count, 0), max(finding.bytes, 0)
+    if finding.kind == "hidden_sync":
+        return n * (sync + dispatch)
+    if finding.kind in ("cpu_fallback", "float64"):
+        return n * (sync + 2 * dispatch) + 2 * nbytes / link
+    if finding.kind == "host_to_device_copy":
+        return n * dispatch + nbytes / link
+    if finding.kind == "launch_bound":
+        return n * dispatch
+    if finding.kind == "strided_copy":
+        return n * dispatch + 2 * nbytes / memory
+    return 0.0
+
+
+def step_cost(run, verdict, cost):
+    """The projected time of the run's steps there, seconds, from counts: the profiled
+    steps' device work and dispatch (not the measured Python), else the launches counted
+    by the doctor at the adapter's dispatch each."""
+    steps = max(run.steps, 1)
+    if verdict.step is not None:
+        per = max(verdict.step.device_us, verdict.step.dispatch_us) * 1e-6
+    else:
+        per = run.total_ops / steps * cost["host_dispatch_us"] * 1e-6
+    return per * steps
+
+
+def rank(run, findings, target, exact):
+    """The verdict for ``target``, and ``findings`` re-ranked in place by their projected
+    cost there (``Finding.projected_s``); minor: under _MINOR_SHARE of the steps' projected
+    time. Findings whose cost is not time (wrong results, float64, memory growth, the
+    chip's refusals and saturation, compilation) are never minor."""
+    from ._findings import UNFLOORED, rank_key
     from .. import _profiles
-    chip_cost = _profiles.load(target).cost
-    if not chip_cost:
-        return out
-    iterations = run.steps if out.steps else 0
-    backlog_s = max(out.device_ms_per_step - out.host_ms_per_step, 0.0) / 1e3
-    step_s = max(out.host_ms_per_step, out.device_ms_per_step) / 1e3
-    floor, chip_floor = emulated_floor(run), _MINOR_SHARE * step_s * iterations
+    out = verdict(run, target, exact)
+    cost = _profiles.load(target).cost
+    floor = _MINOR_SHARE * step_cost(run, out, cost)
     for f in findings:
-        f.projected_s = _projected_cost(f, chip_cost, backlog_s, iterations)
-        if f.kind not in _UNFLOORED and chip_floor > 0:
-            f.minor = emulated_cost(f) < floor and f.projected_s < chip_floor
+        f.projected_s = projected_cost(f, cost)
+        f.minor = f.kind not in UNFLOORED and f.projected_s < floor
     findings.sort(key=rank_key)
     out.ranked = [RankedFinding(i, f.kind, f.title, f.where, f.projected_s)
                   for i, f in enumerate(findings, 1) if f.projected_s]
     return out
-
