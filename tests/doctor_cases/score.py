@@ -13,9 +13,11 @@ Each case is a small script that starts with an annotation block:
     # expect: hidden_sync @ 23               (the line a good tool names for this trap)
     # expect: host_to_device_copy @ 17|16    (either of these lines is right)
     # expect: clean                          (or: nothing may be reported)
+    # target: ascend310p3                    (optional: the chip to run as; default the doctor's own)
+    # raises: TypeError                      (optional: the script stops with this error there, by design)
 
 The doctor runs on each case (``python -m torch_npu.doctor --json <tmp> --no-profile
-<case>``, in a fresh process, two at a time at most); a finding hits an expectation when
+[--target T] <case>``, in a fresh process, two at a time at most); a finding hits an expectation when
 its kind is the expected kind, its file is the case and its line one of the allowed
 lines. Recall is the expected traps found over the expected traps; precision the
 findings that hit an expectation over the findings about the case's own lines (findings
@@ -39,7 +41,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KINDS = ("cpu_fallback", "host_to_device_copy", "hidden_sync", "launch_bound", "strided_copy", "float64",
-         "memory_growth", "wrong_result", "compile")
+         "memory_growth", "wrong_result", "compile", "float16_overflow", "unsupported_dtype")
 MAX_JOBS = 2   # the cases are scored on small machines: two doctors at a time at most
 
 _EXPECT = re.compile(r"^#\s*expect:\s*(?P<kind>[a-z0-9_]+)\s*@\s*(?P<lines>\d+(?:\s*\|\s*\d+)*)\s*$")
@@ -52,8 +54,8 @@ class CaseError(ValueError):
 
 
 def parse_case(path):
-    """{"name", "path", "description", "loop", "clean", "expect": [(kind, (lines...)), ...]}."""
-    description, loop, clean, expect = None, None, False, []
+    """{"name", "path", "description", "loop", "target", "raises", "clean", "expect": [(kind, (lines...)), ...]}."""
+    description, loop, target, raises, clean, expect = None, None, None, None, False, []
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             line = line.rstrip("\n")
@@ -64,6 +66,10 @@ def parse_case(path):
                 description = body[len("doctor-case:"):].strip()
             elif body.startswith("loop:"):
                 loop = body[len("loop:"):].strip()
+            elif body.startswith("target:"):
+                target = body[len("target:"):].strip()
+            elif body.startswith("raises:"):
+                raises = body[len("raises:"):].strip()
             elif body.startswith("expect:"):
                 if body[len("expect:"):].strip() == "clean":
                     clean = True
@@ -82,7 +88,7 @@ def parse_case(path):
         raise CaseError(f"{path}: a case has either '# expect: clean' or '# expect: <kind> @ <line>' lines, "
                         f"{'not both' if clean else 'none found'}")
     return {"name": os.path.basename(path), "path": os.path.abspath(path), "description": description,
-            "loop": loop or "other", "clean": clean, "expect": expect}
+            "loop": loop or "other", "target": target, "raises": raises, "clean": clean, "expect": expect}
 
 
 def find_cases(names):
@@ -114,10 +120,18 @@ _WITHOUT_DOCTOR = ("import runpy, sys; import torch_npu; import torch_npu.contri
                    "runpy.run_path(sys.argv[0], run_name='__main__')")
 
 
+def _chip_env(case, env):
+    """The script alone runs as the chip the doctor ran it as (a refusal of the chip is the
+    script's own error there)."""
+    target = case.get("target") or "ascend910b2"
+    return dict(env, NPU_EMU_PROFILE=target) if target not in ("none", "generic") else env
+
+
 def run_doctor(case, python, timeout, workdir, cache_dir, reports=None):
     """Runs the doctor on one case: {"rc", "wall_s", "report" (the JSON or None), "crash", "script_error", ...}."""
     out = os.path.join(workdir, case["name"] + ".json")
-    cmd = [python, "-m", "torch_npu.doctor", "--no-progress", "--json", out, "--no-profile", case["path"]]
+    target = ["--target", case["target"]] if case.get("target") else []
+    cmd = [python, "-m", "torch_npu.doctor", "--no-progress", "--json", out, "--no-profile", *target, case["path"]]
     start = time.perf_counter()
     result = {"rc": None, "report": None, "crash": None, "script_error": None, "stderr_tail": ""}
     try:
@@ -141,13 +155,15 @@ def run_doctor(case, python, timeout, workdir, cache_dir, reports=None):
     error = result["report"].get("error")
     if proc.returncode == 0:
         return result
+    if case.get("raises") and proc.returncode == 1 and (error or "").startswith(case["raises"] + ":"):
+        return result   # the error the case is about
     if proc.returncode != 1 or not error:
         result["crash"] = f"exit status {proc.returncode}" + (f" (report error: {error})" if error else "")
         return result
     # The script raised under the doctor: its own error, or one the doctor caused?
     try:
-        alone = subprocess.run([python, "-c", _WITHOUT_DOCTOR, case["path"]], cwd=workdir, env=_env(cache_dir),
-                               capture_output=True, text=True, timeout=timeout)
+        alone = subprocess.run([python, "-c", _WITHOUT_DOCTOR, case["path"]], cwd=workdir,
+                               env=_chip_env(case, _env(cache_dir)), capture_output=True, text=True, timeout=timeout)
         own = alone.returncode != 0
     except subprocess.TimeoutExpired:
         own = False
