@@ -40,7 +40,7 @@ MARK = "BENCH_PROFILES_JSON "
 ORDER = ["generic", "ascend910b1", "ascend910b2", "ascend910b3", "ascend910b4", "ascend910_9391", "ascend910a",
          "ascend310p3"]
 QUICK_PROFILES = ["generic", "ascend910b2", "ascend310p3"]
-PROJECTED = ("projected_device_us", "projected_kernels", "projected_launch_us", "projected_bound")
+PROJECTED = ("projected_device_us", "projected_kernels", "projected_step_us", "projected_bound")
 
 
 # ---------------------------------------------------------------- children --
@@ -158,7 +158,7 @@ def print_tables(profiles, models, best, quick, warmup, steps, rounds):
           f"(median of {steps} steps after {warmup} warm-up, best of {rounds} round{'s' * (rounds > 1)}"
           f"{', --quick' if quick else ''})")
     print(f"  {'model':<7} {'profile':<15} {'step ms':>8} {'kernels':>7} {'fallbk/step':>11} {'fallbk ms':>9} | "
-          f"{'projected on the chip: device ms':>32} {'kernels':>7} {'launch':>7} {'bound':>6}")
+          f"{'projected on the chip: device ms':>32} {'kernels':>7} {'step ms':>7} {'bound':>6}")
     missing = False
     for model in models:
         for profile in profiles:
@@ -174,9 +174,8 @@ def print_tables(profiles, models, best, quick, warmup, steps, rounds):
                 projected = f"{'-':>32} {'-':>7} {'-':>7} {'-':>6}"
             else:
                 device_us = p["projected_device_us"]
-                share = p["projected_launch_us"] / device_us if device_us else 0.0
-                projected = (f"{device_us / 1e3:>32.3f} {p['projected_kernels']:>7} {100 * share:>6.0f}% "
-                             f"{p['projected_bound']:>6}")
+                projected = (f"{device_us / 1e3:>32.3f} {p['projected_kernels']:>7} "
+                             f"{p['projected_step_us'] / 1e3:>7.2f} {p['projected_bound']:>6}")
             print(f"  {model:<7} {profile:<15} {r['step_ms']:>8.2f} {r['kernels']:>7} {fmt_count(r['fallbacks']):>11} "
                   f"{r['fallback_ms']:>9.3f} | {projected}")
     if missing:
