@@ -1,14 +1,16 @@
 // The hardware abstraction layer (HAL): the only interface between torch_npu and
 // a device, and the contract a vendor implements to drive real silicon. Plain
 // C++17, no ATen. The emulated NPU (runtime/emu) implements it; nothing above
-// this file changes when another implementation replaces it (docs/design.md,
-// section 10).
+// this file changes when another implementation replaces it (docs/design/,
+// the HAL's page).
 //
 // ---- The contract ---------------------------------------------------------------
 //
 // An implementation provides the four classes below (Hal, Device, Stream, Event),
 // states the API version it was written against and registers a factory under a
-// name (registerHal). NPU_HAL names the one the process uses; "emu" by default.
+// name (registerHal), or ships as a shared library with a C entry point
+// (hal_plugin.h). NPU_HAL names the one the process uses, by its name or by the
+// library's path; "emu" by default.
 //
 // * Required and optional methods. Required methods are pure virtual. An
 //   optional method has a body that behaves as a device without the feature
@@ -26,9 +28,10 @@
 //   starts after everything launched before it on the stream has completed, and
 //   work launched after it starts after it has returned. Which host thread runs
 //   it (the caller's, a worker's, a driver callback's) is the HAL's choice. The
-//   op library's kernels compute on host-addressable memory (cpuAlias); a device
-//   whose memory the host cannot address also supplies its own kernels behind
-//   the same registrations in csrc/ops.
+//   host kernel backend (csrc/ops/host) computes on host-addressable memory
+//   (cpuAlias) and refuses, naming the op and the HAL, on a device without
+//   Capabilities::host_addressable; such a device supplies its own kernels
+//   behind the same registrations, and may answer Device::supportsOp.
 // * Errors (section 4). A kernel that throws does not make launch() throw: the
 //   stream keeps the failure (KernelFailure, the first one not yet reported) and
 //   the next synchronisation point that depends on it raises it as a
@@ -90,7 +93,12 @@ namespace npu::runtime {
 //   4: Capabilities::virtual_memory and its optional methods
 //      (virtualMemoryGranularity, reserveAddress, mapMemory, unmapMemory,
 //      releaseAddress).
-constexpr int kHalApiVersion = 4;
+//   5: Capabilities::op_queries and Device::supportsOp; HALs as shared
+//      libraries (hal_plugin.h). Purely additive: a version-4 HAL registers
+//      and runs unchanged, and nothing calls its missing supportsOp.
+constexpr int kHalApiVersion = 5;
+// The oldest version registerHal() and the plugin loader still accept.
+constexpr int kMinimumHalApiVersion = 4;
 
 // A kernel is work executed in stream order. It may throw; the error is kept by
 // the stream and raised at the next synchronisation point, naming the kernel.
@@ -161,6 +169,25 @@ struct Capabilities {
   // those methods throw Unsupported, and expandable_segments:True warns once
   // and allocates as with False.
   bool virtual_memory = false;
+  // (version 5) Host code that runs as a kernel, in stream order, may read and
+  // write the device's memory in place, even where host code outside kernels
+  // may not (the emulator under NPU_EMU_PROTECT opens its memory to its own
+  // workers only). The host kernel backend (csrc/ops/host) computes there and
+  // needs this or host_addressable; without both every op it serves refuses,
+  // naming the op and the HAL.
+  bool host_kernels = false;
+  // (version 5) Device::supportsOp answers whether the device's kernels serve
+  // an op with given dtypes. The dispatch layer asks it before the chip
+  // profile (csrc/core/profile.h): an op the HAL refuses takes the CPU
+  // fallback. False: nothing asks, and the chip profile alone decides.
+  bool op_queries = false;
+};
+
+// The answer of Device::supportsOp.
+enum class OpSupport {
+  Unknown,      // no opinion: the chip profile decides
+  Supported,    // the device runs the op (with these dtypes) natively
+  Unsupported,  // it does not: the op takes the CPU fallback
 };
 
 // Thrown by an optional method that an implementation does not override.
@@ -389,6 +416,14 @@ class Device {
   virtual void unmapMemory(void* ptr, std::size_t size);
   virtual void releaseAddress(void* base);
 
+  // Optional (Capabilities::op_queries, version 5; default: Unknown). Whether
+  // this device's kernels serve the aten operator `op` ("aten::add.Tensor",
+  // overload included; "aten::add" when no overload) computing in `dtypes`
+  // (c10's names: "Float", "BFloat16", ...; empty: whatever dtypes). Called
+  // from dispatch, rarely: the answer is cached per (op, dtypes), so it must
+  // not change for the device's lifetime. Must not throw.
+  virtual OpSupport supportsOp(const std::string& op, const std::vector<std::string>& dtypes) const;
+
   virtual Stream& defaultStream() = 0;
   // Optional (Capabilities::multiple_streams). A new stream, alive as long as
   // the device.
@@ -423,8 +458,9 @@ constexpr const char* kDefaultHal = "emu";
 
 // Registers `factory` under `name` (letters, digits and '_'). Throws
 // std::invalid_argument for a malformed or taken name, and for an
-// `api_version` other than kHalApiVersion (pass kHalApiVersion as your
-// implementation sees it). A factory reads its own settings (environment
+// `api_version` outside [kMinimumHalApiVersion, kHalApiVersion] (pass
+// kHalApiVersion as your implementation sees it): methods added after that
+// version are never called on its HALs. A factory reads its own settings (environment
 // variables) each time it runs and throws std::invalid_argument naming a bad
 // one.
 //
@@ -435,17 +471,36 @@ constexpr const char* kDefaultHal = "emu";
 // registrar object in them would never run. A vendor adds a line there, or
 // calls registerHal() before the npu is first used, from code that is linked
 // for certain (an object file linked directly into the program, as the test
-// suite's tests/runtime/conformance_hals.cpp is, or the extension's init).
+// suite's tests/runtime/conformance_hals.cpp is, or the extension's init), or
+// ships a shared library that NPU_HAL names (hal_plugin.h).
 void registerHal(const std::string& name, int api_version, HalFactory factory);
+// The version `name` was registered with; 0 for an unknown name.
+int registeredApiVersion(const std::string& name);
 // The registered names, sorted.
 std::vector<std::string> registeredHals();
 // A new HAL made by the factory registered under `name`; an unknown name throws
 // std::invalid_argument listing the registered ones. Not the process-wide HAL:
 // the conformance suite makes one per test.
 std::unique_ptr<Hal> createHal(const std::string& name);
-// createHal(NPU_HAL, or kDefaultHal when unset or empty); an unknown name
-// throws std::invalid_argument naming NPU_HAL and listing the registered ones.
+// NPU_HAL selects a HAL by name or by path:
+//   - a registered name ("emu", or one a vendor registered);
+//   - a path to a shared library (it contains '/' or ends in ".so"), loaded
+//     with loadHalLibrary();
+//   - another name <n> loads libnpu_hal_<n>.so from the library search path
+//     (LD_LIBRARY_PATH, ...), when there is one.
+// createHalFromEnvironment() makes createHal(NPU_HAL, or kDefaultHal when unset
+// or empty); a name that is neither registered nor a loadable library throws
+// std::invalid_argument naming NPU_HAL, the registered names and why loading
+// failed.
 std::unique_ptr<Hal> createHalFromEnvironment();
+// Loads the HAL library at `path` (dlopen), calls its entry point
+// (NPU_HAL_PLUGIN_ENTRY, hal_plugin.h) and registers the HAL it describes;
+// returns its name. Loading the same path again returns the same name.
+// Throws std::invalid_argument saying what is wrong: no such file, no entry
+// point, an API version outside the accepted range, a name already taken.
+std::string loadHalLibrary(const std::string& path);
+// The API version of the process-wide HAL (hal()) as registered.
+int halApiVersion();
 
 // The process-wide HAL: the one setHal() installed, or else
 // createHalFromEnvironment()'s, made on first use. An error there (a bad
@@ -455,6 +510,10 @@ Hal& hal();
 // Installs `hal` as the process-wide HAL, for a vendor that builds its HAL
 // itself instead of registering a factory; NPU_HAL is then not read. Throws
 // std::logic_error once the process-wide HAL exists.
-void setHal(std::unique_ptr<Hal> hal);
+void setHal(std::unique_ptr<Hal> hal, int api_version = kHalApiVersion);
+
+// Device::supportsOp, asked only of a HAL whose version has it (5 and later)
+// and whose device says Capabilities::op_queries; Unknown otherwise.
+OpSupport askSupportsOp(const Device& device, const std::string& op, const std::vector<std::string>& dtypes);
 
 }  // namespace npu::runtime

@@ -1,10 +1,12 @@
+// The helpers a HAL uses for its profiling duty (hal.h), over the primitives of
+// tracing.h (correlation, work hints, record, intern): compiled into the runtime
+// library, which defines those primitives (tracing_state.cpp), and into every
+// HAL library, where hal_plugin_sdk.cpp forwards them to the runtime.
 #include "tracing.h"
 
 #include <chrono>
-#include <cstdlib>
-#include <mutex>
+#include <functional>
 #include <thread>
-#include <unordered_set>
 
 #if defined(__linux__)
 #include <sys/syscall.h>
@@ -12,75 +14,6 @@
 #endif
 
 namespace npu::runtime::tracing {
-
-namespace detail {
-std::atomic<bool> g_enabled{false};
-}
-
-namespace {
-std::atomic<bool> g_projecting{false};
-// NPU_EMU_DEFER=1: always, as while projecting (for the tests of the stream semantics).
-const bool g_always_projecting = [] {
-  const char* v = std::getenv("NPU_EMU_DEFER");
-  return v != nullptr && std::string(v) == "1";
-}();
-}  // namespace
-
-void setProjecting(bool on) { g_projecting.store(on, std::memory_order_relaxed); }
-bool projecting() { return g_always_projecting || g_projecting.load(std::memory_order_relaxed); }
-
-namespace {
-// Leaked like g_activities: stream workers may record during static destruction.
-std::mutex& g_mutex = *new std::mutex;
-std::vector<Activity>* g_activities = new std::vector<Activity>();  // never destroyed: workers may outlive exit
-thread_local std::vector<uint64_t> t_correlations;
-thread_local Work t_next_work;
-thread_local int t_replaying = 0;
-}  // namespace
-
-Work takeNextWork() {
-  Work work = t_next_work;
-  t_next_work = Work{};
-  return work;
-}
-
-ReplayScope::ReplayScope() { ++t_replaying; }
-ReplayScope::~ReplayScope() { --t_replaying; }
-
-const char* intern(const std::string& name) {
-  static std::mutex& mutex = *new std::mutex;
-  static auto& names = *new std::unordered_set<std::string>;   // never destroyed: traces keep the pointers
-  std::lock_guard<std::mutex> lock(mutex);
-  return names.insert(name).first->c_str();
-}
-
-void start() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  g_activities->clear();
-  detail::g_enabled.store(true, std::memory_order_release);
-}
-
-std::vector<Activity> stop() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  detail::g_enabled.store(false, std::memory_order_release);
-  std::vector<Activity> out;
-  out.swap(*g_activities);
-  return out;
-}
-
-void record(const Activity& activity) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  // A kernel that finishes after stop() belongs to no session.
-  if (detail::g_enabled.load(std::memory_order_relaxed)) g_activities->push_back(activity);
-}
-
-void pushCorrelation(uint64_t id) { t_correlations.push_back(id); }
-void popCorrelation() {
-  if (!t_correlations.empty()) t_correlations.pop_back();
-}
-void setNextWork(const Work& work) { t_next_work = work; }
-
-uint64_t currentCorrelation() { return t_correlations.empty() ? 0 : t_correlations.back(); }
 
 int64_t nowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -111,7 +44,7 @@ void LaunchStamp::stampNow() {
   host_thread = currentThreadId();
   launch_ns = nowNs();
   work = takeNextWork();
-  in_graph = t_replaying > 0;
+  in_graph = replaying();
 }
 
 void recordExecution(const LaunchStamp& stamp, ActivityKind kind, const char* name, int device, int64_t stream,
@@ -164,7 +97,7 @@ Scope::Scope(ActivityKind kind, const char* name, int device, int64_t stream, st
   activity_.start_ns = nowNs();
   activity_.launch_ns = activity_.start_ns;
   activity_.work = takeNextWork();
-  activity_.in_graph = t_replaying > 0;
+  activity_.in_graph = replaying();
   activity_.host_synchronous = host_synchronous;
 }
 

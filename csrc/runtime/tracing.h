@@ -59,11 +59,13 @@ struct Activity {
 };
 
 namespace detail {
-extern std::atomic<bool> g_enabled;
+// The runtime's flag; in a HAL library (hal_plugin.h), the runtime's flag once
+// the library is connected.
+extern const std::atomic<bool>* g_enabled;
 }
 
 // Cheap enough to test on every launch.
-inline bool enabled() { return detail::g_enabled.load(std::memory_order_relaxed); }
+inline bool enabled() { return detail::g_enabled->load(std::memory_order_relaxed); }
 
 // Starts recording (dropping what an earlier session left); stop() ends it and
 // returns the activities in the order they were recorded.
@@ -90,6 +92,8 @@ class WorkHint {
   WorkHint& operator=(const WorkHint&) = delete;
 };
 
+// Whether a ReplayScope lives on the calling thread.
+bool replaying();
 // While one lives on a thread, the work it launches is a graph replay's (Activity::in_graph).
 class ReplayScope {
  public:
@@ -156,6 +160,24 @@ void recordExecution(const LaunchStamp& stamp, ActivityKind kind, const char* na
 // A HAL reads nowNs() before it blocks only when enabled() and passes 0
 // otherwise: a start of 0 records nothing.
 void recordHostWait(const char* name, int device, int64_t stream, int64_t start_ns);
+
+// ---- For HALs built as shared libraries (hal_plugin.h) ----------------------------
+
+// The part of the trace a HAL reaches, as a table of the runtime's own
+// functions: a HAL library calls these (through the helpers above, compiled
+// into it from tracing.cpp and hal_plugin_sdk.cpp), so its activities join the
+// runtime's trace and its launches read the launching thread's state.
+struct HostServices {
+  const std::atomic<bool>* enabled;
+  uint64_t (*current_correlation)();
+  Work (*take_next_work)();
+  bool (*replaying)();
+  void (*record)(const Activity& activity);
+  const char* (*intern)(const std::string& name);
+  bool (*projecting)();
+};
+// The runtime's table (what the loader hands a HAL library).
+const HostServices& hostServices();
 
 // Records the span of a scope as one activity (when tracing is on at entry).
 class Scope {

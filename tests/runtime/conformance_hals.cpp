@@ -7,7 +7,10 @@
 //                 (NPU_EMU_ALWAYS_ENQUEUE=1), so the suite covers both of its
 //                 launch policies,
 //   "emu_protected" the emulator whose memory the host cannot touch outside
-//                 device work (NPU_EMU_PROTECT=1): a host access faults.
+//                 device work (NPU_EMU_PROTECT=1): a host access faults,
+//   "minimal_plugin" the minimal HAL loaded from its shared library
+//                 (minimal_hal_plugin.cpp, hal_plugin.h): the contract, its
+//                 profiling duty included, holds across the library boundary.
 // A registrar object: this file is linked into the executable itself, so it
 // runs (the same object inside a static library would be dropped).
 #include <cstdlib>
@@ -38,6 +41,7 @@ const bool kRegistered = [] {
   };
   registerHal("emu_queued", kHalApiVersion, emulator([](emu::LaunchConfig& c) { c.always_enqueue = true; }));
   registerHal("emu_protected", kHalApiVersion, emulator([](emu::LaunchConfig& c) { c.protect = true; }));
+  loadHalLibrary(NPU_HAL_MINIMAL_PLUGIN);
   return true;
 }();
 }  // namespace

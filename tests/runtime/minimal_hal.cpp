@@ -527,7 +527,14 @@ class MinimalDevice final : public Device {
     caps.multiple_streams = optional_methods_;
     caps.timing_events = optional_methods_;
     caps.stream_priorities = false;
+    caps.op_queries = optional_methods_;
     return caps;
+  }
+
+  // It has no kernels: it answers that it serves no op, so every op takes the
+  // CPU fallback, whose copies it serves (Capabilities::op_queries).
+  OpSupport supportsOp(const std::string& /*op*/, const std::vector<std::string>& /*dtypes*/) const override {
+    return optional_methods_ ? OpSupport::Unsupported : OpSupport::Unknown;
   }
 
   void* allocate(std::size_t n) override { return arena_.allocate(n); }

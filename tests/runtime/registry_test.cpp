@@ -2,9 +2,11 @@
 // version), of the process-wide HAL (hal(), setHal) and of the contract's
 // optional methods: a HAL with only the required methods compiles, and its
 // optional ones behave as documented.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -155,7 +157,7 @@ TEST(Registry, AnUnknownNameListsTheRegisteredOnes) {
 }
 
 TEST(Registry, AnotherApiVersionIsRefused) {
-  for (int version : {kHalApiVersion - 1, kHalApiVersion + 1, 0}) {
+  for (int version : {kMinimumHalApiVersion - 1, kHalApiVersion + 1, 0}) {
     try {
       registerHal("versioned_hal", version, [] { return std::make_unique<BareHal>(); });
       ADD_FAILURE() << "version " << version << " was accepted";
@@ -167,6 +169,15 @@ TEST(Registry, AnotherApiVersionIsRefused) {
   }
   const auto names = registeredHals();
   EXPECT_EQ(std::find(names.begin(), names.end(), "versioned_hal"), names.end());
+}
+
+// Version 5 only added to the contract: a HAL written against version 4 still
+// registers, and the runtime never asks it what version 5 added.
+TEST(Registry, AVersion4HalStillRegisters) {
+  registerHal("version4_hal", 4, [] { return std::make_unique<BareHal>(); });
+  EXPECT_EQ(registeredApiVersion("version4_hal"), 4);
+  EXPECT_EQ(registeredApiVersion("emu"), kHalApiVersion);
+  EXPECT_EQ(registeredApiVersion("no_such_hal"), 0);
 }
 
 TEST(Registry, NamesAreCheckedAndUnique) {
@@ -233,6 +244,63 @@ TEST(Registry, NpuHalChoosesTheHal) {
     EXPECT_TRUE(contains(e.what(), "NPU_HAL='bogus'")) << e.what();
     EXPECT_TRUE(contains(e.what(), "emu")) << e.what();
     EXPECT_TRUE(contains(e.what(), "minimal")) << e.what();
+  }
+}
+
+// ---- HAL libraries (hal_plugin.h) --------------------------------------------------------
+
+// The minimal HAL's library, loaded by conformance_hals.cpp at start (so the
+// conformance suite runs on it) and here again by path: the same name.
+TEST(HalLibrary, LoadsByPathRegistersItsNameAndVersion) {
+  EXPECT_EQ(loadHalLibrary(NPU_HAL_MINIMAL_PLUGIN), "minimal_plugin");
+  EXPECT_EQ(registeredApiVersion("minimal_plugin"), kHalApiVersion);
+  auto made = createHal("minimal_plugin");
+  EXPECT_EQ(made->deviceCount(), 2);
+  Device& device = made->device(0);
+  EXPECT_FALSE(device.capabilities().host_addressable);
+  EXPECT_TRUE(device.capabilities().op_queries);
+  EXPECT_EQ(device.supportsOp("aten::add.Tensor", {"Float"}), OpSupport::Unsupported);
+  // Memory and copies work across the library boundary.
+  void* p = device.allocate(64);
+  ASSERT_NE(p, nullptr);
+  const char in[8] = "library";
+  char out[8] = {};
+  device.defaultStream().copy(p, in, sizeof in, CopyKind::HostToDevice);
+  device.defaultStream().copy(out, p, sizeof out, CopyKind::DeviceToHost);
+  device.defaultStream().synchronize();
+  EXPECT_STREQ(out, "library");
+  device.free(p);
+  // An optional method it lacks throws the contract's Unsupported, which this side catches as such.
+  ScopedEnv basic("NPU_MINIMAL_HAL_BASIC", "1");
+  auto bare = createHal("minimal_plugin");
+  EXPECT_THROW(bare->device(0).createStream(0), Unsupported);
+}
+
+TEST(HalLibrary, NpuHalNamesALibraryByPath) {
+  ScopedEnv env("NPU_HAL", NPU_HAL_MINIMAL_PLUGIN);
+  EXPECT_EQ(createHalFromEnvironment()->name(), "minimal");
+}
+
+TEST(HalLibrary, ABadLibrarySaysWhy) {
+  {
+    ScopedEnv env("NPU_HAL", "/no/such/libnpu_hal_x.so");
+    try {
+      createHalFromEnvironment();
+      ADD_FAILURE() << "no exception";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_TRUE(contains(e.what(), "NPU_HAL='/no/such/libnpu_hal_x.so'")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "cannot load")) << e.what();
+    }
+  }
+  // A library that is not a HAL library: libc, found where this process loaded it.
+  Dl_info info{};
+  ASSERT_NE(::dladdr(reinterpret_cast<void*>(&std::printf), &info), 0);
+  try {
+    loadHalLibrary(info.dli_fname);
+    ADD_FAILURE() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_TRUE(contains(e.what(), "is not a HAL library")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "npu_hal_plugin_init")) << e.what();
   }
 }
 

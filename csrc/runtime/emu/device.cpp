@@ -80,6 +80,7 @@ bool EmuDevice::owns(const void* ptr) const {
 Capabilities EmuDevice::capabilities() const {
   Capabilities caps;
   caps.host_addressable = !config_.protect;  // NPU_EMU_PROTECT: as a discrete device
+  caps.host_kernels = true;                  // its memory opens to its own kernels, protected or not
   caps.async_streams = !config_.blocking;  // NPU_LAUNCH_BLOCKING completes every launch before it returns
   caps.multiple_streams = true;
   caps.timing_events = true;
