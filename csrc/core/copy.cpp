@@ -1,6 +1,8 @@
 #include "copy.h"
 
 #include <ATen/ops/empty.h>
+
+#include <utility>
 #include <c10/core/DeviceGuard.h>
 
 #include "device.h"
@@ -39,36 +41,73 @@ void copyAndWait(c10::DeviceIndex device, void* dst, const void* src, std::size_
   });
 }
 
-// Host to a device whose memory the host cannot address: the host data is
-// brought into dst's dtype and shape (broadcast, conjugation resolved) on the
-// host, then a stream copy moves it; a strided dst gets it through a
-// contiguous device buffer and a device-side copy.
-void copyHostToOpaqueDevice(at::Tensor& dst, const at::Tensor& src) {
-  const auto device = dst.device().index();
-  const at::Tensor staged =
-      src.resolve_conj().resolve_neg().to(dst.scalar_type()).expand(dst.sizes()).contiguous();
-  if (isPlainCopy(dst, staged)) {
-    copyAndWait(device, dst.mutable_data_ptr(), staged.const_data_ptr(), bytesOf(staged),
-                runtime::CopyKind::HostToDevice, "copy to npu");
-    return;
+// ---- devices whose memory the host cannot address ---------------------------------
+// Without a kernel of the device, a strided or converting copy goes through the
+// host: the bytes of the storage a tensor covers come over with the HAL's copy,
+// the host rearranges them, and they go back the same way.
+
+// The first and one past the last element of t's storage that t covers.
+std::pair<int64_t, int64_t> extentOf(const at::Tensor& t) {
+  int64_t first = t.storage_offset();
+  int64_t last = first;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t reach = (t.size(d) - 1) * t.stride(d);
+    (reach >= 0 ? last : first) += reach;
   }
-  at::Tensor buffer = at::empty(dst.sizes(), dst.options().memory_format(c10::MemoryFormat::Contiguous));
-  copyAndWait(device, buffer.mutable_data_ptr(), staged.const_data_ptr(), bytesOf(staged),
-              runtime::CopyKind::HostToDevice, "copy to npu");
-  dst.copy_(buffer);  // on the device
+  return {first, last + 1};
 }
 
-// A device whose memory the host cannot address, to the host: the device makes
-// a contiguous copy when src is strided (or lazily conjugated), a stream copy
-// brings it over, and the host converts into dst.
+// A host tensor of t's geometry over a host copy of the storage t covers.
+at::Tensor hostSpanOf(const at::Tensor& t, const char* where) {
+  const auto [first, end] = extentOf(t);
+  at::Tensor span = at::empty({end - first}, t.options().device(c10::kCPU));
+  copyAndWait(t.device().index(), span.mutable_data_ptr(),
+              static_cast<const char*>(t.storage().data()) + first * t.itemsize(), (end - first) * t.itemsize(),
+              runtime::CopyKind::DeviceToHost, where);
+  at::Tensor view = span.as_strided(t.sizes(), t.strides(), t.storage_offset() - first);
+  if (t.is_conj()) view = view.conj();
+  if (t.is_neg()) view = view._neg_view();
+  return view;
+}
+
+// Writes back the storage span of `host`, a hostSpanOf(t) the host changed.
+void writeHostSpan(const at::Tensor& t, const at::Tensor& host, const char* where) {
+  const auto [first, end] = extentOf(t);
+  copyAndWait(t.device().index(), static_cast<char*>(t.storage().mutable_data()) + first * t.itemsize(),
+              host.storage().data(), (end - first) * t.itemsize(), runtime::CopyKind::HostToDevice, where);
+}
+
+void copyHostToOpaqueDevice(at::Tensor& dst, const at::Tensor& src) {
+  const auto device = dst.device().index();
+  if (isPlainCopy(dst, src)) {
+    copyAndWait(device, dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src), runtime::CopyKind::HostToDevice,
+                "copy to npu");
+    return;
+  }
+  at::Tensor host = hostSpanOf(dst, "copy to npu");  // what dst's span holds between its elements stays
+  host.copy_(src);
+  writeHostSpan(dst, host, "copy to npu");
+}
+
 void copyOpaqueDeviceToHost(at::Tensor& dst, const at::Tensor& src) {
-  const auto device = src.device().index();
-  const at::Tensor dense = src.resolve_conj().resolve_neg().contiguous();  // on the device
-  const bool direct = isPlainCopy(dst, dense);
-  at::Tensor host = direct ? dst : at::empty(dense.sizes(), dense.options().device(c10::kCPU));
-  copyAndWait(device, host.mutable_data_ptr(), dense.const_data_ptr(), bytesOf(dense),
-              runtime::CopyKind::DeviceToHost, "copy from npu to cpu");
-  if (!direct) dst.copy_(host);
+  if (isPlainCopy(dst, src)) {
+    copyAndWait(src.device().index(), dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src),
+                runtime::CopyKind::DeviceToHost, "copy from npu to cpu");
+    return;
+  }
+  dst.copy_(hostSpanOf(src, "copy from npu to cpu"));
+}
+
+void copyOnOpaqueDevice(at::Tensor& dst, const at::Tensor& src) {
+  if (src.device() == dst.device() && isPlainCopy(dst, src)) {
+    copyAndWait(dst.device().index(), dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src),
+                runtime::CopyKind::DeviceToDevice, "copy on npu");
+    return;
+  }
+  const at::Tensor from = hostSpanOf(src, "copy between npu tensors");
+  at::Tensor host = hostSpanOf(dst, "copy between npu tensors");
+  host.copy_(from);
+  writeHostSpan(dst, host, "copy between npu tensors");
 }
 
 void copyHostToDevice(at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
@@ -137,6 +176,11 @@ void copyDeviceToHost(at::Tensor& dst, const at::Tensor& src, bool non_blocking)
 
 void copyOnDevice(at::Tensor& dst, const at::Tensor& src) {
   const auto device = dst.device().index();
+  if (!hostKernelsAllowed(device) || !hostKernelsAllowed(src.device().index())) {
+    if (src.device() != dst.device()) waitForDevice(src.device().index(), "copy between npu devices");
+    copyOnOpaqueDevice(dst, src);
+    return;
+  }
   if (src.device() != dst.device()) {
     // The source device's queued work must be done before the destination's
     // stream reads its memory.

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 #include <pthread.h>
 
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -103,6 +104,31 @@ runtime::Device& runtimeDevice(c10::DeviceIndex index) {
 }
 
 bool hostAddressable(c10::DeviceIndex index) { return runtimeDevice(index).capabilities().host_addressable; }
+
+namespace {
+// Per device: 0 unknown, 1 allowed, 2 refused (a capability never changes).
+constexpr int kCachedDevices = 64;
+std::array<std::atomic<int8_t>, kCachedDevices> g_host_kernels{};
+}  // namespace
+
+bool hostKernelsAllowed(c10::DeviceIndex index) {
+  if (index < 0 || index >= kCachedDevices) return true;  // not a device: checkDevice() reports it elsewhere
+  int8_t known = g_host_kernels[index].load(std::memory_order_relaxed);
+  if (C10_LIKELY(known != 0)) return known == 1;
+  const auto caps = runtimeDevice(index).capabilities();
+  known = caps.host_addressable || caps.host_kernels ? 1 : 2;
+  g_host_kernels[index].store(known, std::memory_order_relaxed);
+  return known == 1;
+}
+
+void refuseHostKernel(c10::DeviceIndex index, const std::string& op) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, op, " on npu:", static_cast<int>(index), ": the device's HAL '",
+                              runtime::hal().name(),
+                              "' keeps its memory where host code cannot compute (neither host_addressable nor "
+                              "host_kernels), and this op's kernel is a host kernel of the emulator's op library. "
+                              "Remedy: the HAL supplies a kernel for this op, or answers Device::supportsOp so that "
+                              "ops it lacks take the CPU fallback (csrc/runtime/hal.h); or move the tensor to the cpu");
+}
 
 void checkTimingEvents(c10::DeviceIndex index, const char* what) {
   TORCH_CHECK(runtimeDevice(index).capabilities().timing_events, what, ": the events of npu:",

@@ -40,6 +40,13 @@ void synchronizeDevice(c10::DeviceIndex index);
 // Whether host code may use the device's memory in place (its HAL's
 // host_addressable capability); else data crosses only through stream copies.
 bool hostAddressable(c10::DeviceIndex index);
+// Whether host kernels (the op library's, computing on cpuAlias()es) may run on
+// the device's memory: its HAL's host_addressable or host_kernels capability.
+// One relaxed load after the first call per device.
+bool hostKernelsAllowed(c10::DeviceIndex index);
+// Raises for `op` on a device whose memory host kernels cannot reach, naming the
+// op, the HAL and the remedy.
+[[noreturn]] void refuseHostKernel(c10::DeviceIndex index, const std::string& op);
 // Raises, naming `what`, when the device's events cannot time (timing_events).
 void checkTimingEvents(c10::DeviceIndex index, const char* what);
 

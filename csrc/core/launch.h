@@ -19,12 +19,29 @@ namespace npu {
 // storage offset, dtype and conjugate/negative bits. An undefined tensor stays
 // undefined. With `resize_allocator` (and a resizable npu storage) a kernel may
 // resize the alias, taking new memory from that allocator (out= arguments).
+// On a device whose HAL keeps memory host kernels cannot reach, raises naming
+// the op of the innermost HostOpName on this thread (hostKernelsAllowed()).
 at::Tensor cpuAlias(const at::Tensor& t, c10::Allocator* resize_allocator = nullptr);
 // cpuAlias in two steps, for aliases of one npu storage that must share one CPU
 // storage, so that ATen's overlap checks see them as views of one memory: the
 // CPU storage over t's memory, and t's geometry over such a storage.
 c10::Storage cpuAliasStorage(const at::Tensor& t, c10::Allocator* resize_allocator = nullptr);
 at::Tensor cpuAliasOver(const at::Tensor& t, c10::Storage alias_storage);
+
+// Names, for the calling thread's lifetime of this object, the op whose host
+// kernel it prepares: what a refusal by cpuAlias() names. `name` has static
+// storage (an op's name from the dispatcher, a literal).
+class HostOpName {
+ public:
+  explicit HostOpName(const char* name);
+  ~HostOpName();
+  HostOpName(const HostOpName&) = delete;
+  HostOpName& operator=(const HostOpName&) = delete;
+  static const char* current();  // "an npu op" when none is named
+
+ private:
+  const char* previous_;
+};
 
 // Queues `kernel` on the current stream of `device`. Errors of an asynchronous
 // kernel surface at the next synchronisation point; with NPU_LAUNCH_BLOCKING=1

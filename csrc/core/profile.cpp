@@ -7,6 +7,8 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <string>
+#include <unordered_map>
 
 #include "device.h"
 #include "graph.h"
@@ -95,13 +97,46 @@ void governByChipList(const c10::OperatorName& op) {
   governed().insert(op);
 }
 
+namespace {
+// Device::supportsOp of the process's HAL for `op` (version 5, op_queries),
+// asked once per op: Unknown when the HAL has no opinion.
+runtime::OpSupport halSupport(const c10::OperatorHandle& op) {
+  static const bool asks = [] {
+    if (runtime::halApiVersion() < 5 || runtime::hal().deviceCount() == 0) return false;
+    return runtime::hal().device(0).capabilities().op_queries;
+  }();
+  if (!asks) return runtime::OpSupport::Unknown;
+  static std::mutex& mutex = *new std::mutex;
+  static auto& answers = *new std::unordered_map<std::string, runtime::OpSupport>;
+  const auto& name = op.operator_name();
+  std::string key = name.name + (name.overload_name.empty() ? "" : "." + name.overload_name);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = answers.find(key);
+  if (it == answers.end()) {
+    it = answers.emplace(key, runtime::askSupportsOp(runtime::hal().device(0), key, {})).first;
+  }
+  return it->second;
+}
+}  // namespace
+
 bool runsNatively(const DeviceProfile& chip, const c10::OperatorHandle& op) {
-  if (!chip.restricts_ops || chip.lists(op.operator_name())) return true;
   for (const auto& ret : op.schema().returns()) {
     if (ret.alias_info() != nullptr && !ret.alias_info()->isWrite()) return true;  // a view
   }
-  std::lock_guard<std::mutex> lock(governedMutex());
-  return governed().count(op.operator_name()) == 0;
+  {
+    std::lock_guard<std::mutex> lock(governedMutex());
+    if (governed().count(op.operator_name()) == 0) return true;  // the adapter's core: native everywhere
+  }
+  // The device's own answer comes first (HAL version 5): the chip profile
+  // describes the chip, the HAL what this backend's kernels serve.
+  if (&chip == &active()) {
+    switch (halSupport(op)) {
+      case runtime::OpSupport::Supported: return true;
+      case runtime::OpSupport::Unsupported: return false;
+      case runtime::OpSupport::Unknown: break;
+    }
+  }
+  return !chip.restricts_ops || chip.lists(op.operator_name());
 }
 
 ReportedProperties deviceProperties(const std::string& hal_name, std::size_t hal_memory, int hal_compute_units) {

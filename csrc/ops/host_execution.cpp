@@ -97,8 +97,18 @@ void installHostAllocatorRedirect() {
               "with a higher priority); npu kernels cannot allocate their outputs");
 }
 
+namespace {
+const char* checkedHostKernel(c10::Device device, const char* kernel) {
+  if (C10_UNLIKELY(device.is_privateuseone() && !hostKernelsAllowed(device.index()))) {
+    refuseHostKernel(device.index(), kernel);
+  }
+  return kernel;
+}
+}  // namespace
+
 HostExecution::HostExecution(c10::Device device, const char* kernel)
-    : device_(device),
+    : named_(checkedHostKernel(device, kernel)),
+      device_(device),
       guard_(device),
       hold_(device.index(), "an npu kernel that runs on the host thread"),
       previous_redirect_(t_redirect_device) {

@@ -17,6 +17,8 @@
 
 #include <optional>
 
+#include "../core/device.h"
+#include "../core/launch.h"
 #include "../core/stream.h"
 #include "../runtime/tracing.h"
 
@@ -55,6 +57,7 @@ class HostExecution {
   at::Tensor adoptOrView(const at::Tensor& result);
   at::Tensor viewOf(const at::Tensor& npu_base, const at::Tensor& result);
 
+  HostOpName named_;  // first: refuses on a HAL host kernels cannot run on, before holding its stream
   c10::Device device_;
   c10::DeviceGuard guard_;
   StreamHold hold_;

@@ -553,6 +553,7 @@ void NativeKernel::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet
     return;
   }
   checkChipDtypes(op, *stack);
+  const HostOpName named(op.schema().name().c_str());  // what a refusal by cpuAlias names
   std::optional<runtime::tracing::WorkHint> work;  // for the profiler: what the kernel does
   if (C10_UNLIKELY(profile::describingWork())) work.emplace(profile::workOf(op, *stack));
   if (!t.is_view) {

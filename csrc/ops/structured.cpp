@@ -277,6 +277,7 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
     // without bfloat16 or inf/nan, are the generic kernel's to handle.
     const auto& chip = profile::active();
     static const bool on_chip = profile::runsNatively(chip, op);
+    const HostOpName named(Op::name);  // what a refusal by cpuAlias names
     FastPathCheck check{generic};
     (check(args), ...);
     if (!check.ok || !check.device || !check.noConversion() || policy.retryOnKernelError() || graph::anyCapture() || !on_chip ||
@@ -334,6 +335,7 @@ struct InPlaceKernel<Op, InPlaceName, void (M::*)(const at::Tensor&, Rest...)> {
     };
     const auto& chip = profile::active();
     static const bool on_chip = profile::runsNatively(chip, op);
+    const HostOpName named(InPlaceName);
     FastPathCheck check{generic};
     check(self);
     (check(rest), ...);
@@ -407,6 +409,7 @@ at::Tensor catKernel(const at::ITensorListRef& tensors, int64_t dim) {
   };
   const auto& chip = profile::active();
   static const bool on_chip = profile::runsNatively(chip, op);
+  const HostOpName named("aten::cat");
   FastPathCheck check{generic};
   bool npu_only = true;
   for (const at::Tensor& t : tensors) {

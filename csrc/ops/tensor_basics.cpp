@@ -3,6 +3,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/DeviceGuard.h>
@@ -152,6 +153,12 @@ at::Tensor& copy(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
 
 at::Tensor& fillScalar(at::Tensor& self, const c10::Scalar& value) {
   if (self.numel() == 0) return self;
+  if (!hostKernelsAllowed(self.device().index())) {
+    // No kernel reaches this device's memory: the host fills, the HAL's copy carries it.
+    const at::Tensor host = at::empty({}, self.options().device(c10::kCPU)).fill_(value);
+    copyTensor(self, host.expand(self.sizes()), false);
+    return self;
+  }
   auto alias = cpuAlias(self);
   launch(self.device().index(), "aten::fill_", [alias, value]() mutable { alias.fill_(value); }, bytesOf(self));
   return self;
@@ -160,7 +167,7 @@ at::Tensor& fillScalar(at::Tensor& self, const c10::Scalar& value) {
 at::Tensor& fillTensor(at::Tensor& self, const at::Tensor& value) {
   TORCH_CHECK(value.dim() == 0, "aten::fill_ only supports a 0-dimension value tensor, but it has ",
               value.dim(), " dimensions");
-  if (value.device().type() == kNPU) {
+  if (value.device().type() == kNPU && hostKernelsAllowed(self.device().index())) {
     TORCH_CHECK(value.device() == self.device(), "aten::fill_: the value is on ", value.device(),
                 " but the tensor is on ", self.device());
     auto alias = cpuAlias(self);
