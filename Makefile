@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 export PATH := $(if $(wildcard /usr/lib/ccache),/usr/lib/ccache:,)$(PATH)
 export MAX_JOBS ?= 2
 
-.PHONY: demo test build pytest pytest-always-enqueue pytest-defer pytest-protected pytest-profile runtime-test runtime-sanitize bench clean system-deps
+.PHONY: demo test test-cache build pytest pytest-always-enqueue pytest-defer pytest-protected pytest-profile runtime-test runtime-sanitize bench clean system-deps
 
 # Debian packages: GoogleTest for runtime/ tests, ccache for rebuilds, CMake and
 # Ninja for the runtime library (csrc/runtime), which the extension links too.
@@ -30,8 +30,8 @@ $(VENV)/.deps: Makefile
 	# digits data set of examples/cnn_digits.py (scikit-learn), and the libraries
 	# whose NPU code paths the tests run (transformers, accelerate).
 	echo "torch==2.13.0" > $(VENV)/constraints.txt
-	$(PIP) install -q -c $(VENV)/constraints.txt "numpy<3" pytest expecttest matplotlib jsonschema scikit-learn \
-	  transformers accelerate
+	$(PIP) install -q -c $(VENV)/constraints.txt "numpy<3" pytest pytest-xdist expecttest matplotlib jsonschema \
+	  scikit-learn transformers accelerate
 	touch $@
 
 # Real clients built for the Ascend adapter, whose tests run against the npu. Each is
@@ -60,10 +60,22 @@ demo: build
 runtime-test: system-deps
 	cmake -S csrc/runtime -B build/runtime -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 	cmake --build build/runtime -j $(MAX_JOBS)
-	ctest --test-dir build/runtime --output-on-failure
+	ctest --test-dir build/runtime -j $(MAX_JOBS) --output-on-failure
+
+# The tests run on every core (pytest-xdist), one file per worker at a time, so a
+# file's fixtures and order stay as written. One inductor cache serves every run of
+# `make test` (emptied at its start: code compiled by an earlier build of the
+# code generation must not stand in for today's), so a model compiled by one run
+# is not compiled again by the next.
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/build/test-inductor-cache
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+test-cache:
+	rm -rf $(TORCHINDUCTOR_CACHE_DIR)
 
 pytest: build $(VENV)/.clients
-	$(PY) -m pytest -q tests
+	$(PYTEST) tests
 
 # The stream, copy, random, checkpoint and model tests again with the fully asynchronous
 # launch policy (every kernel queued to its stream's worker thread), so ordering
@@ -71,7 +83,7 @@ pytest: build $(VENV)/.clients
 ALWAYS_ENQUEUE_TESTS := tests/test_streams.py tests/test_copy.py tests/test_random.py tests/test_checkpoint.py tests/test_models.py \
 	tests/test_stream_semantics.py tests/test_memory.py tests/test_real_models.py tests/test_graphs.py tests/test_quantized.py
 pytest-always-enqueue: build
-	NPU_EMU_ALWAYS_ENQUEUE=1 $(PY) -m pytest -q $(ALWAYS_ENQUEUE_TESTS)
+	NPU_EMU_ALWAYS_ENQUEUE=1 $(PYTEST) $(ALWAYS_ENQUEUE_TESTS)
 
 # The stream, copy and graph tests again with deferred execution (NPU_EMU_DEFER=1): what
 # the emulator does while a profiler projects onto a chip (queued work waits for the
@@ -79,7 +91,7 @@ pytest-always-enqueue: build
 # stream semantic too.
 DEFER_TESTS := tests/test_streams.py tests/test_stream_semantics.py tests/test_copy.py tests/test_graphs.py
 pytest-defer: build
-	NPU_EMU_DEFER=1 $(PY) -m pytest -q $(DEFER_TESTS)
+	NPU_EMU_DEFER=1 $(PYTEST) $(DEFER_TESTS)
 
 # Models, streams, copies, compile, distributed and the doctor again with the
 # device's memory closed to the host outside device work (NPU_EMU_PROTECT=1, as
@@ -92,13 +104,13 @@ PROTECTED_TESTS := tests/test_models.py tests/test_real_models.py tests/test_str
 	tests/test_fallback.py tests/test_ops.py tests/test_mixed_arguments.py tests/test_contracts.py \
 	tests/test_profiler.py tests/test_protected.py tests/test_graphs.py
 pytest-protected: build
-	NPU_EMU_PROTECT=1 $(PY) -m pytest -q -m "not host_timing" $(PROTECTED_TESTS)
+	NPU_EMU_PROTECT=1 $(PYTEST) -m "not host_timing" $(PROTECTED_TESTS)
 
 # The model tests again with the npu as an Ascend 910B2 (NPU_EMU_PROFILE): the
 # chip's support set, its numerics and its identity under real models.
 PROFILE_TESTS := tests/test_models.py tests/test_real_models.py
 pytest-profile: build
-	NPU_EMU_PROFILE=ascend910b2 $(PY) -m pytest -q $(PROFILE_TESTS)
+	NPU_EMU_PROFILE=ascend910b2 $(PYTEST) $(PROFILE_TESTS)
 
 # The runtime's GoogleTest suite under ThreadSanitizer and AddressSanitizer.
 runtime-sanitize: system-deps
@@ -110,7 +122,7 @@ runtime-sanitize: system-deps
 	    ctest --test-dir build/runtime-$$san --output-on-failure || exit 1; \
 	done
 
-test: runtime-test pytest pytest-always-enqueue pytest-defer pytest-protected pytest-profile
+test: test-cache runtime-test pytest pytest-always-enqueue pytest-defer pytest-protected pytest-profile
 
 bench: build
 	$(PY) benchmarks/run_all.py
