@@ -3,7 +3,7 @@ no crash, the clean cases stay clean, and the traps it finds today are still fou
 
 The whole corpus (108 cases, about 5 minutes on 2 cores) is scored by hand:
 ``python tests/doctor_cases/score.py --min-recall 0.95 --min-precision 0.95``. Its recall
-and precision are the doctor's measure (README, "The doctor").
+and precision are the doctor's measure (docs/guide/doctor.md).
 """
 import importlib.util
 import json

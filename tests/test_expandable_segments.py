@@ -61,7 +61,7 @@ def test_fragmenting_workload_reserves_less_with_the_same_results():
           f"True {expandable['peak'] / MiB:.0f} MiB")
     assert expandable["result"] == default["result"]
     assert expandable["peak"] < default["peak"] / 2
-    assert default["peak"] == 654 * MiB and expandable["peak"] == 142 * MiB  # the figures of the README
+    assert default["peak"] == 654 * MiB and expandable["peak"] == 142 * MiB  # the figures of docs/guide/memory.md
     assert all(not e for e, _ in default["large_segments"]) and len(default["large_segments"]) > 8
     # one expandable segment (its mapped run) holds every large block
     assert [e for e, _ in expandable["large_segments"]] == [True]

@@ -1,6 +1,6 @@
 // Sharing npu storages between processes, as torch.multiprocessing shares CUDA
 // storages (torch/csrc/CudaIPCTypes.cpp's contract, written afresh over the
-// HAL's interprocess capability, section 9 of docs/design.md).
+// HAL's interprocess capability, docs/design/03-core.md, Processes).
 //
 // The producer sends the handle of the HAL allocation holding the storage, the
 // storage's offset in it, an interprocess event recorded on its current stream

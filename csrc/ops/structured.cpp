@@ -315,7 +315,7 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
 // The in-place form (add_, mul_, ...): the same structured class writing into
 // self, as the cpu's in-place wrapper does. Idle stream: it runs now and every
 // error raises here; queued: the meta step has checked shapes, dtypes and the
-// cast into self at the call (design.md, launch policy).
+// cast into self at the call (docs/design/02-emulated-npu.md, launch policy).
 template <class Op, const char* InPlaceName, class MetaFn = decltype(&Op::Impl::meta)>
 struct InPlaceKernel;
 

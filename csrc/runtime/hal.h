@@ -1,8 +1,7 @@
 // The hardware abstraction layer (HAL): the only interface between torch_npu and
 // a device, and the contract a vendor implements to drive real silicon. Plain
 // C++17, no ATen. The emulated NPU (runtime/emu) implements it; nothing above
-// this file changes when another implementation replaces it (docs/design/,
-// the HAL's page).
+// this file changes when another implementation replaces it (docs/design/01-hal.md).
 //
 // ---- The contract ---------------------------------------------------------------
 //
@@ -28,11 +27,12 @@
 //   starts after everything launched before it on the stream has completed, and
 //   work launched after it starts after it has returned. Which host thread runs
 //   it (the caller's, a worker's, a driver callback's) is the HAL's choice. The
-//   host kernel backend (csrc/ops/host) computes on host-addressable memory
-//   (cpuAlias) and refuses, naming the op and the HAL, on a device without
-//   Capabilities::host_addressable; such a device supplies its own kernels
-//   behind the same registrations, and may answer Device::supportsOp.
-// * Errors (section 4). A kernel that throws does not make launch() throw: the
+//   op library's kernels (csrc/ops: the host kernel backend) compute on host
+//   memory aliases of device memory (cpuAlias) and refuse, naming the op and the
+//   HAL, on a device with neither Capabilities::host_addressable nor
+//   host_kernels; such a device supplies its own kernels behind the same
+//   registrations, or answers Device::supportsOp so ops it lacks fall back.
+// * Errors (docs/design/03-core.md). A kernel that throws does not make launch() throw: the
 //   stream keeps the failure (KernelFailure, the first one not yet reported) and
 //   the next synchronisation point that depends on it raises it as a
 //   KernelError, once: Stream::synchronize, Device::synchronize, the
@@ -41,7 +41,7 @@
 //   NPU_LAUNCH_BLOCKING=1 in the environment when the HAL is created, every
 //   launch instead completes before it returns and raises its (or an earlier)
 //   failure there.
-// * The profiling duty (section 11). While tracing::enabled(), a HAL reports
+// * The profiling duty (docs/design/10-profiler.md). While tracing::enabled(), a HAL reports
 //   to runtime/tracing.h what it executes, so that every HAL gives a device
 //   timeline: one Kernel activity per kernel and one Memcpy activity per copy
 //   (named by tracing::copyName), timed where it ran, on the profiler's clock
@@ -136,7 +136,7 @@ struct Capabilities {
   // Host code may read and write the device's memory in place (unified or
   // host-mapped memory), in stream order: once the stream's work on it is
   // done. The collectives then hand Gloo the memory itself instead of a staged
-  // copy (csrc/distributed, section 15), and the op library's kernels, which
+  // copy (csrc/distributed, docs/design/11-distributed.md), and the op library's kernels, which
   // compute on cpuAlias()es of device memory, need it. False: data reaches the
   // host only through Stream::copy.
   bool host_addressable = false;
@@ -172,7 +172,7 @@ struct Capabilities {
   // (version 5) Host code that runs as a kernel, in stream order, may read and
   // write the device's memory in place, even where host code outside kernels
   // may not (the emulator under NPU_EMU_PROTECT opens its memory to its own
-  // workers only). The host kernel backend (csrc/ops/host) computes there and
+  // workers only). The host kernel backend (the op library of csrc/ops) computes there and
   // needs this or host_addressable; without both every op it serves refuses,
   // naming the op and the HAL.
   bool host_kernels = false;
@@ -256,7 +256,7 @@ class Stream {
   // propagates to the caller instead of being kept. Otherwise runs nothing and
   // returns false, and the caller checks what it can, then launch()es.
   // Who needs it: in-place ops on an idle stream raise every error, data-
-  // dependent ones included, at the call, and skip the hand-off (section 5).
+  // dependent ones included, at the call, and skip the hand-off (docs/design/02-emulated-npu.md).
   // Returning false is always correct; a HAL whose kernels cannot run on the
   // host keeps the default.
   virtual bool runIfIdle(const char* name, KernelRef kernel, std::size_t bytes = 0);
@@ -278,7 +278,7 @@ class Stream {
   //   - acquire() is re-entrant on the holding thread (one release() each).
   // acquire() blocks: callers release the GIL. Who needs it: host code in
   // stream order (csrc/core's StreamHold): ops whose output shapes depend on the
-  // data, synchronous copies (.cpu(), .item()), the CPU fallback (section 3).
+  // data, synchronous copies (.cpu(), .item()), the CPU fallback (docs/design/03-core.md).
   // A vendor can implement it as the emulator does: a marker queued behind the
   // stream's work that, when the device reaches it, hands the stream to the
   // waiting thread and blocks the queue until release() (a host callback that
@@ -292,7 +292,7 @@ class Stream {
   // (required). Who needs it: the caching allocator before it gives memory
   // back to the device and the profiler before it stops wait for the device,
   // and an error found there belongs to the user's next synchronisation point
-  // (section 4), which still raises it.
+  // (docs/design/03-core.md), which still raises it.
   virtual void drain() = 0;
   // True when every queued kernel has finished. Never raises nor consumes a
   // kept failure.
@@ -360,7 +360,7 @@ class Device {
 
   // Sharing memory between processes: optional (Capabilities::interprocess).
   // Who needs it: torch.multiprocessing sends an npu tensor as the handle of
-  // the allocation holding it (csrc/core/ipc.cpp, section 9).
+  // the allocation holding it (csrc/core/ipc.cpp, docs/design/03-core.md).
   //   exportMemory(ptr, &offset): a handle (opaque bytes, at most 64) of the
   //     live allocation of this device holding `ptr` (interior pointers too),
   //     and ptr's offset in it; std::invalid_argument for a pointer it does
@@ -387,7 +387,7 @@ class Device {
   virtual std::unique_ptr<Event> openEvent(const std::string& handle);
 
   // Virtual memory: optional (Capabilities::virtual_memory). Who needs it: the
-  // caching allocator's expandable segments (section 6), one reservation per
+  // caching allocator's expandable segments (docs/design/04-memory.md), one reservation per
   // stream that grows in place by committing pages at its end.
   //   virtualMemoryGranularity(): the page size; reservations, and the
   //     offsets and sizes of maps and unmaps, are multiples of it.

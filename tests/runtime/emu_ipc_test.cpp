@@ -17,7 +17,7 @@ using emu::EmuDevice;
 using testing::inlineConfig;
 
 // The device's memory is a shared file: a child forked from its process (which
-// cannot use the npu, section 9) must never change the parent's memory through it.
+// cannot use the npu, docs/design/03-core.md) must never change the parent's memory through it.
 TEST(EmuInterprocess, AForkedChildNeitherAllocatesNorFreesTheParentsMemory) {
   EmuDevice device(0, 1 << 20, inlineConfig());
   auto* p = static_cast<char*>(device.allocate(8192));
