@@ -1,6 +1,6 @@
 """Builds torch_npu._C against the installed torch (use --no-build-isolation).
 
-csrc/runtime (the HAL and the emulated NPU: plain C++17, no torch) is built by
+csrc/runtime and csrc/emu (the HAL and the emulated NPU: plain C++17, no torch) are built by
 its own CMake file into a static, position-independent library, the one its
 GoogleTest suite tests (same sources, same flags; build/runtime-ext, tests
 off), and linked into the extension. The rest of csrc is compiled here.
@@ -19,13 +19,14 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 RUNTIME_SOURCE_DIR = os.path.join(ROOT, "csrc", "runtime")
+EMULATOR_SOURCE_DIR = os.path.join(ROOT, "csrc", "emu")  # built into the runtime library with it
 RUNTIME_BUILD_DIR = os.path.join(ROOT, "build", "runtime-ext")
 RUNTIME_LIBRARY = os.path.join(RUNTIME_BUILD_DIR, "libnpu_runtime.a")
 
 SOURCES = sorted(
     os.path.relpath(path, ROOT)
     for path in glob.glob(os.path.join(ROOT, "csrc", "**", "*.cpp"), recursive=True)
-    if os.path.commonpath([path, RUNTIME_SOURCE_DIR]) != RUNTIME_SOURCE_DIR
+    if all(os.path.commonpath([path, d]) != d for d in (RUNTIME_SOURCE_DIR, EMULATOR_SOURCE_DIR))
 )
 
 

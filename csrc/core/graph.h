@@ -5,7 +5,7 @@
 // Python, no dispatcher, no allocation. Memory allocated on the capturing
 // stream comes from the graph's private pool (or a shared pool id) and stays
 // reserved until the graph is reset. Ops the npu runs on the host thread are
-// recorded with outputs from their Meta kernel (ops/native_kernel.cpp); random
+// recorded with outputs from their Meta kernel (ops/host/native_kernel.cpp); random
 // kernels draw at each replay(). What CUDA forbids during capture (waiting for
 // the device or a stream, host reads, shapes that depend on data, work forked to
 // another stream) raises a clear error and invalidates the capture, as on CUDA.

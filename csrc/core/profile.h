@@ -70,7 +70,7 @@ void activate(const std::string& name);
 const DeviceProfile& active();
 
 // Marks the npu kernel of `op` as one the chip's list governs: the op
-// library's kernels (ops/op_library.cpp, ops/structured.cpp), marked as they
+// library's kernels (ops/host/op_library.cpp, ops/host/structured.cpp), marked as they
 // are registered. Other npu kernels (copies, views' storage, convolution, RNN
 // cells, the fused npu:: ops) are the adapter's core, native on every chip.
 void governByChipList(const c10::OperatorName& op);
@@ -96,7 +96,7 @@ ReportedProperties deviceProperties(const std::string& hal_name, std::size_t hal
 
 // Float16 overflow on chips without inf/nan: saturating kernels raise the
 // chip's overflow flag (its float status register, one per process here),
-// which the GradScaler's unscale kernel reads and clears (ops/chip.cpp).
+// which the GradScaler's unscale kernel reads and clears (ops/host/chip.cpp).
 void raiseOverflowFlag();
 bool takeOverflowFlag();
 // The saturation itself, on a float16 host tensor (a kernel's result or a

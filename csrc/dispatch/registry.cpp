@@ -18,7 +18,7 @@ OpResolution resolve(const c10::OperatorHandle& op, const profile::DeviceProfile
   OpResolution out;
   out.name = displayName(op);
   // A kernel of the op library that the chip lacks is not native there
-  // (ops/native_kernel.cpp decides the same way at run time).
+  // (ops/host/native_kernel.cpp decides the same way at run time).
   const bool npu_kernel = op.hasKernelForDispatchKey(DispatchKey::PrivateUse1);
   const bool off_chip = npu_kernel && !profile::runsNatively(chip, op);
   const bool native = npu_kernel && !off_chip;

@@ -14,7 +14,7 @@
 #include "../core/device.h"
 #include "../core/launch.h"
 #include "../core/stream.h"
-#include "chip.h"
+#include "host/chip.h"
 
 namespace npu::ops {
 namespace {

@@ -26,8 +26,8 @@
 #include "../dispatch/op_names.h"
 #include "../distributed/gloo_backend.h"
 #include "../dispatch/registry.h"
-#include "../ops/host_execution.h"
-#include "../ops/native_kernel.h"
+#include "../ops/host/host_execution.h"
+#include "../ops/host/native_kernel.h"
 
 namespace npu {
 void registerHooks();  // core/hooks.cpp
@@ -669,7 +669,7 @@ void bindDispatch(py::module_& m) {
     return out;
   }, py::arg("profile") = py::none());
   m.def("_random_ops_given_the_npu_draw", [] { return npu::dispatch::randomOpsGivenTheNpuDraw(); });
-  // The npu's floating dtypes ("float32", ...), defined once (csrc/ops/dtypes.h).
+  // The npu's floating dtypes ("float32", ...), defined once (csrc/ops/host/dtypes.h).
   m.def("_floating_dtypes", [] {
     std::vector<std::string> names;
     for (auto type : npu::ops::floatingTypes().types()) names.emplace_back(c10::getDtypeNames(type).first);

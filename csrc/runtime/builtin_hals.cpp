@@ -4,7 +4,7 @@
 // of a static library that nothing references, so a registrar object inside
 // them would never run. A vendor whose HAL is built into this library adds its
 // registration here.
-#include "emu/device.h"
+#include "../emu/device.h"
 
 namespace npu::runtime {
 

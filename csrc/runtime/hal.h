@@ -1,6 +1,6 @@
 // The hardware abstraction layer (HAL): the only interface between torch_npu and
 // a device, and the contract a vendor implements to drive real silicon. Plain
-// C++17, no ATen. The emulated NPU (runtime/emu) implements it; nothing above
+// C++17, no ATen. The emulated NPU (csrc/emu) implements it; nothing above
 // this file changes when another implementation replaces it (docs/design/01-hal.md).
 //
 // ---- The contract ---------------------------------------------------------------
@@ -61,7 +61,7 @@
 // on the caller's thread when idle (Stream::runIfIdle, optional), stream
 // positions (Stream::position/passed, required), and waiting without consuming
 // an error (Stream::drain, Device::drain, required). What the emulator alone
-// needs stays in runtime/emu: its launch policy (NPU_EMU_ALWAYS_ENQUEUE,
+// needs stays in csrc/emu: its launch policy (NPU_EMU_ALWAYS_ENQUEUE,
 // NPU_EMU_INLINE_BYTES), its worker threads, and EmuStream::heldByCaller(),
 // which no layer above asks (csrc/core tracks its own holds).
 #pragma once

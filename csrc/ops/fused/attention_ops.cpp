@@ -46,7 +46,7 @@
 #include "../../core/device.h"
 #include "../../core/profile.h"
 #include "../../runtime/tracing.h"
-#include "../host_execution.h"
+#include "../host/host_execution.h"
 #include "fast_exp.h"
 #include "on_host.h"
 

@@ -32,8 +32,8 @@
 #include <vector>
 
 #include "../../core/device.h"
-#include "../dtypes.h"
-#include "../host_execution.h"
+#include "../host/dtypes.h"
+#include "../host/host_execution.h"
 #include "on_host.h"
 
 namespace npu::ops {

@@ -42,8 +42,8 @@
 #include "../../core/device.h"
 #include "../../core/profile.h"
 #include "../../runtime/tracing.h"
-#include "../dtypes.h"
-#include "../host_execution.h"
+#include "../host/dtypes.h"
+#include "../host/host_execution.h"
 #include "fast_exp.h"
 #include "on_host.h"
 

@@ -13,7 +13,7 @@
 #include "../../core/device.h"
 #include "../../core/profile.h"
 #include "../../runtime/tracing.h"
-#include "../host_execution.h"
+#include "../host/host_execution.h"
 
 namespace npu::ops {
 

@@ -43,8 +43,8 @@
 #include "../../core/device.h"
 #include "../../core/profile.h"
 #include "../../runtime/tracing.h"
-#include "../dtypes.h"
-#include "../host_execution.h"
+#include "../host/dtypes.h"
+#include "../host/host_execution.h"
 #include "on_host.h"
 
 namespace npu::ops {

@@ -17,10 +17,10 @@
 
 #include <optional>
 
-#include "../core/device.h"
-#include "../core/launch.h"
-#include "../core/stream.h"
-#include "../runtime/tracing.h"
+#include "../../core/device.h"
+#include "../../core/launch.h"
+#include "../../core/stream.h"
+#include "../../runtime/tracing.h"
 
 namespace npu::ops {
 

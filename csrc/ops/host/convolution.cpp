@@ -11,11 +11,11 @@
 #include <functional>
 #include <initializer_list>
 
-#include "../core/profile.h"
-#include "../dispatch/fallback.h"
-#include "../dispatch/arguments.h"
-#include "../dispatch/op_names.h"
-#include "../runtime/tracing.h"
+#include "../../core/profile.h"
+#include "../../dispatch/fallback.h"
+#include "../../dispatch/arguments.h"
+#include "../../dispatch/op_names.h"
+#include "../../runtime/tracing.h"
 #include "chip.h"
 #include "host_execution.h"
 #include "native_kernel.h"
@@ -65,7 +65,7 @@ auto fallBackByHand(const c10::OperatorHandle& op, const torch::jit::Stack& stac
   return result;
 }
 
-// The chip's matrix unit: 16-bit operands widened to float32, one rounding at the end (ops/chip.h).
+// The chip's matrix unit: 16-bit operands widened to float32, one rounding at the end (ops/host/chip.h).
 at::Tensor onCube(const at::Tensor& t) {
   return t.defined() && (t.scalar_type() == c10::kHalf || t.scalar_type() == c10::kBFloat16) ? t.to(c10::kFloat) : t;
 }

@@ -22,7 +22,7 @@
 #include <initializer_list>
 #include <optional>
 
-#include "../core/device.h"
+#include "../../core/device.h"
 #include "host_execution.h"
 
 namespace npu::ops {

@@ -14,8 +14,8 @@
 #include <string>
 #include <thread>
 
-#include "../hal.h"
-#include "../tracing.h"
+#include "../runtime/hal.h"
+#include "../runtime/tracing.h"
 #include "ipc.h"
 
 namespace npu::runtime::emu {

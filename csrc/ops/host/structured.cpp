@@ -59,13 +59,13 @@
 #include <utility>
 #include <vector>
 
-#include "../core/allocator.h"
-#include "../core/device.h"
-#include "../core/graph.h"
-#include "../core/launch.h"
-#include "../core/profile.h"
-#include "../dispatch/fallback.h"
-#include "../runtime/tracing.h"
+#include "../../core/allocator.h"
+#include "../../core/device.h"
+#include "../../core/graph.h"
+#include "../../core/launch.h"
+#include "../../core/profile.h"
+#include "../../dispatch/fallback.h"
+#include "../../runtime/tracing.h"
 #include "chip.h"
 #include "native_kernel.h"
 
@@ -292,7 +292,7 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
     call->runMeta();
     at::Tensor out = std::move(call->out);  // the caller's: a queued kernel never owns it (core/launch.h)
     // Promotion to a dtype the npu lacks (a Python complex): the generic kernel refuses it.
-    // 16-bit matrix products: the generic kernel computes them as the chip's matrix unit does (ops/chip.h).
+    // 16-bit matrix products: the generic kernel computes them as the chip's matrix unit does (ops/host/chip.h).
     const bool low_precision = out.scalar_type() == c10::kHalf || out.scalar_type() == c10::kBFloat16;
     if (!generic.accepts(out.scalar_type()) || (low_precision && isCubeOp(op))) return run_generic();
     bytes += bytesOf(out);

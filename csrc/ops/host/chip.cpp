@@ -9,11 +9,11 @@
 #include <utility>
 #include <vector>
 
-#include "../core/device.h"
-#include "../core/profile.h"
-#include "../dispatch/arguments.h"
-#include "../dispatch/cpu_kernel.h"
-#include "../dispatch/op_names.h"
+#include "../../core/device.h"
+#include "../../core/profile.h"
+#include "../../dispatch/arguments.h"
+#include "../../dispatch/cpu_kernel.h"
+#include "../../dispatch/op_names.h"
 
 namespace npu::ops {
 namespace {

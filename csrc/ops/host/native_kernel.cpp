@@ -17,16 +17,16 @@
 #include <set>
 #include <sstream>
 
-#include "../core/device.h"
-#include "../core/generator.h"
-#include "../core/graph.h"
-#include "../core/launch.h"
-#include "../core/profile.h"
-#include "../core/stream.h"
-#include "../runtime/tracing.h"
-#include "../dispatch/fallback.h"
-#include "../dispatch/arguments.h"
-#include "../dispatch/cpu_kernel.h"
+#include "../../core/device.h"
+#include "../../core/generator.h"
+#include "../../core/graph.h"
+#include "../../core/launch.h"
+#include "../../core/profile.h"
+#include "../../core/stream.h"
+#include "../../runtime/tracing.h"
+#include "../../dispatch/fallback.h"
+#include "../../dispatch/arguments.h"
+#include "../../dispatch/cpu_kernel.h"
 #include "chip.h"
 #include "host_execution.h"
 

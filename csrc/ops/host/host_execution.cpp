@@ -36,15 +36,15 @@
 
 #include <chrono>
 
-#include "../core/allocator.h"
-#include "../core/copy.h"
-#include "../dispatch/arguments.h"
-#include "../dispatch/fallback.h"
-#include "../dispatch/op_names.h"
-#include "../dispatch/policy.h"
-#include "../core/device.h"
-#include "../core/launch.h"
-#include "../core/stream.h"
+#include "../../core/allocator.h"
+#include "../../core/copy.h"
+#include "../../dispatch/arguments.h"
+#include "../../dispatch/fallback.h"
+#include "../../dispatch/op_names.h"
+#include "../../dispatch/policy.h"
+#include "../../core/device.h"
+#include "../../core/launch.h"
+#include "../../core/stream.h"
 
 namespace npu::ops {
 

@@ -13,10 +13,10 @@
 #include <set>
 #include <vector>
 
-#include "../core/device.h"
-#include "../core/profile.h"
-#include "../dispatch/fallback.h"
-#include "../dispatch/arguments.h"
+#include "../../core/device.h"
+#include "../../core/profile.h"
+#include "../../dispatch/fallback.h"
+#include "../../dispatch/arguments.h"
 #include "host_execution.h"
 #include "native_kernel.h"
 

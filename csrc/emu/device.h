@@ -7,7 +7,7 @@
 #include <mutex>
 #include <vector>
 
-#include "../hal.h"
+#include "../runtime/hal.h"
 #include "ipc.h"
 #include "protection.h"
 #include "stream.h"
