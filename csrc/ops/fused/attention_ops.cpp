@@ -48,6 +48,7 @@
 #include "../../runtime/tracing.h"
 #include "../host/host_execution.h"
 #include "fast_exp.h"
+#include "common.h"
 #include "on_host.h"
 
 namespace npu::ops {
@@ -458,17 +459,9 @@ void keptRange(const Masking& m, int64_t i, int64_t sq, int64_t skv, int64_t* lo
   *hi = std::min<int64_t>(*hi, skv - 1);
 }
 
-// ---- the softmax of a row of scores --------------------------------------------------
-// Each row is one pass for its maximum and one for exp and the sum, in cache; built
-// for AVX-512, AVX2 and the baseline, chosen at load time.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define NPU_ATTENTION_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define NPU_ATTENTION_CLONES
-#endif
-
+// ---- vector loops (NPU_VECTOR_CLONES: common.h) ----------------------------------------
 // Row max over the kept keys [lo, hi] where mask (optional, 1 = masked) is 0.
-NPU_ATTENTION_CLONES float keptMax(const float* s, int64_t lo, int64_t hi, const uint8_t* mask) {
+NPU_VECTOR_CLONES float keptMax(const float* s, int64_t lo, int64_t hi, const uint8_t* mask) {
   float m = -std::numeric_limits<float>::infinity();
   if (mask == nullptr) {
 #pragma omp simd reduction(max : m)
@@ -482,7 +475,7 @@ NPU_ATTENTION_CLONES float keptMax(const float* s, int64_t lo, int64_t hi, const
 
 // s[j] = exp(s[j] - m) * scale for the kept keys, 0 for the others (n columns); returns
 // the sum of the exps (before `scale`).
-NPU_ATTENTION_CLONES float expRow(float* s, int64_t n, int64_t lo, int64_t hi, const uint8_t* mask, float m,
+NPU_VECTOR_CLONES float expRow(float* s, int64_t n, int64_t lo, int64_t hi, const uint8_t* mask, float m,
                                    float scale) {
   float sum = 0;
   for (int64_t j = 0; j < lo; ++j) s[j] = 0;
@@ -1647,34 +1640,33 @@ TORCH_LIBRARY_FRAGMENT(npu, m) {
         "bool is_seq_lens_cumsum=False) -> (Tensor, Tensor)");
 }
 
-#define NPU_ATTENTION_KERNELS(KEY, META)                                                                           \
-  TORCH_LIBRARY_IMPL(npu, KEY, m) {                                                                                \
-    m.impl("npu_prompt_flash_attention", torch::CppFunction::makeFromBoxedFunction<&promptKernel<META>>());       \
-    m.impl("npu_incre_flash_attention", torch::CppFunction::makeFromBoxedFunction<&increKernel<META>>());         \
-    m.impl("npu_fused_infer_attention_score",                                                                      \
-           torch::CppFunction::makeFromBoxedFunction<&fusedInferKernel<META, false>>());                           \
-    m.impl("npu_fused_infer_attention_score_v2",                                                                   \
-           torch::CppFunction::makeFromBoxedFunction<&fusedInferKernel<META, true>>());                            \
-    m.impl("npu_fused_infer_attention_score.out",                                                                  \
-           torch::CppFunction::makeFromBoxedFunction<&fusedInferOutKernel<META, false>>());                        \
-    m.impl("npu_fused_infer_attention_score_v2.out",                                                               \
-           torch::CppFunction::makeFromBoxedFunction<&fusedInferOutKernel<META, true>>());                         \
-    m.impl("_npu_fused_infer_attention_score_get_max_workspace",                                                   \
-           torch::CppFunction::makeFromBoxedFunction<&fusedInferWorkspaceKernel<META, false>>());                  \
-    m.impl("_npu_fused_infer_attention_score_v2_get_max_workspace",                                                \
-           torch::CppFunction::makeFromBoxedFunction<&fusedInferWorkspaceKernel<META, true>>());                   \
-    m.impl("npu_fusion_attention_grad",                                                                            \
-           torch::CppFunction::makeFromBoxedFunction<&fusionAttentionGradKernel<META>>());                         \
-    m.impl("npu_scatter_pa_kv_cache", torch::CppFunction::makeFromBoxedFunction<&scatterKernel<META>>());         \
-    m.impl("npu_scatter_pa_kv_cache_functional",                                                                   \
-           torch::CppFunction::makeFromBoxedFunction<&scatterFunctionalKernel<META>>());                           \
-    m.impl("npu_gather_pa_kv_cache", torch::CppFunction::makeFromBoxedFunction<&gatherKernel<META, false>>());    \
-    m.impl("npu_gather_pa_kv_cache_functional",                                                                    \
-           torch::CppFunction::makeFromBoxedFunction<&gatherKernel<META, true>>());                                \
-  }
-NPU_ATTENTION_KERNELS(PrivateUse1, false)
-NPU_ATTENTION_KERNELS(CPU, false)
-NPU_ATTENTION_KERNELS(Meta, true)
-#undef NPU_ATTENTION_KERNELS
+// One list for the npu, cpu and Meta registrations (Meta: the shape-only kernels).
+template <bool Meta>
+void registerAttentionKernels(torch::Library& m) {
+  m.impl("npu_prompt_flash_attention", torch::CppFunction::makeFromBoxedFunction<&promptKernel<Meta>>());
+  m.impl("npu_incre_flash_attention", torch::CppFunction::makeFromBoxedFunction<&increKernel<Meta>>());
+  m.impl("npu_fused_infer_attention_score",
+      torch::CppFunction::makeFromBoxedFunction<&fusedInferKernel<Meta, false>>());
+  m.impl("npu_fused_infer_attention_score_v2",
+      torch::CppFunction::makeFromBoxedFunction<&fusedInferKernel<Meta, true>>());
+  m.impl("npu_fused_infer_attention_score.out",
+      torch::CppFunction::makeFromBoxedFunction<&fusedInferOutKernel<Meta, false>>());
+  m.impl("npu_fused_infer_attention_score_v2.out",
+      torch::CppFunction::makeFromBoxedFunction<&fusedInferOutKernel<Meta, true>>());
+  m.impl("_npu_fused_infer_attention_score_get_max_workspace",
+      torch::CppFunction::makeFromBoxedFunction<&fusedInferWorkspaceKernel<Meta, false>>());
+  m.impl("_npu_fused_infer_attention_score_v2_get_max_workspace",
+      torch::CppFunction::makeFromBoxedFunction<&fusedInferWorkspaceKernel<Meta, true>>());
+  m.impl("npu_fusion_attention_grad",
+      torch::CppFunction::makeFromBoxedFunction<&fusionAttentionGradKernel<Meta>>());
+  m.impl("npu_scatter_pa_kv_cache", torch::CppFunction::makeFromBoxedFunction<&scatterKernel<Meta>>());
+  m.impl("npu_scatter_pa_kv_cache_functional",
+      torch::CppFunction::makeFromBoxedFunction<&scatterFunctionalKernel<Meta>>());
+  m.impl("npu_gather_pa_kv_cache", torch::CppFunction::makeFromBoxedFunction<&gatherKernel<Meta, false>>());
+  m.impl("npu_gather_pa_kv_cache_functional",
+      torch::CppFunction::makeFromBoxedFunction<&gatherKernel<Meta, true>>());
+}
+NPU_FUSED_KERNELS_FOR_NPU_AND_CPU(registerAttentionKernels<false>)
+TORCH_LIBRARY_IMPL(npu, Meta, m) { registerAttentionKernels<true>(m); }
 
 }  // namespace npu::ops

@@ -34,6 +34,7 @@
 #include "../../core/device.h"
 #include "../host/dtypes.h"
 #include "../host/host_execution.h"
+#include "common.h"
 #include "on_host.h"
 
 namespace npu::ops {
@@ -44,17 +45,7 @@ void checkFloating(const char* op, const at::Tensor& t, const char* name) {
               floatingTypes().pythonNames(), ", got ", t.scalar_type());
 }
 
-// ---- vector loops ------------------------------------------------------------------
-// The float32 inner loops, built three times (AVX-512, AVX2+FMA, the baseline) and chosen
-// at load time by the CPU; `omp simd` lets the reductions vectorise without
-// fast-math (their summation order becomes lane-wise), and -fno-trapping-math
-// (setup.py) lets the exp's clamp become vector selects instead of branches.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define NPU_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define NPU_VECTOR_CLONES
-#endif
-
+// ---- vector loops (NPU_VECTOR_CLONES: common.h) ----------------------------------------
 NPU_VECTOR_CLONES float sumOfSquares(const float* x, int64_t n) {
   float s = 0;
 #pragma omp simd reduction(+ : s)
@@ -705,19 +696,16 @@ TORCH_LIBRARY(npu, m) {
   m.impl("npu_fused_add_matmul", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(fusedAddMatmul));
 }
 
-#define NPU_FUSED_KERNELS(KEY)                                       \
-  TORCH_LIBRARY_IMPL(npu, KEY, m) {                                  \
-    m.impl("npu_rms_norm", TORCH_FN(rmsNorm));                       \
-    m.impl("npu_rms_norm_backward", TORCH_FN(rmsNormBackward));      \
-    m.impl("npu_add_rms_norm", TORCH_FN(addRmsNorm));                \
-    m.impl("npu_swiglu", TORCH_FN(swiglu));                          \
-    m.impl("npu_swiglu_backward", TORCH_FN(swigluBackward));         \
-    m.impl("npu_rotary_mul", TORCH_FN(rotaryMul));                   \
-    m.impl("npu_rotary_mul_backward", TORCH_FN(rotaryMulBackward));  \
-  }
-NPU_FUSED_KERNELS(PrivateUse1)
-NPU_FUSED_KERNELS(CPU)
-#undef NPU_FUSED_KERNELS
+void registerFusedKernels(torch::Library& m) {
+  m.impl("npu_rms_norm", TORCH_FN(rmsNorm));
+  m.impl("npu_rms_norm_backward", TORCH_FN(rmsNormBackward));
+  m.impl("npu_add_rms_norm", TORCH_FN(addRmsNorm));
+  m.impl("npu_swiglu", TORCH_FN(swiglu));
+  m.impl("npu_swiglu_backward", TORCH_FN(swigluBackward));
+  m.impl("npu_rotary_mul", TORCH_FN(rotaryMul));
+  m.impl("npu_rotary_mul_backward", TORCH_FN(rotaryMulBackward));
+}
+NPU_FUSED_KERNELS_FOR_NPU_AND_CPU(registerFusedKernels)
 
 TORCH_LIBRARY_IMPL(npu, Meta, m) {
   m.impl("npu_rms_norm", TORCH_FN(rmsNormMeta));

@@ -45,6 +45,7 @@
 #include "../../runtime/tracing.h"
 #include "../host/dtypes.h"
 #include "../host/host_execution.h"
+#include "common.h"
 #include "on_host.h"
 
 namespace npu::ops {
@@ -129,21 +130,7 @@ struct BroadcastRows {
   }
 };
 
-// Rows per task of at::parallel_for: enough elements (ATen's grain, 32768) that
-// small tensors run on the calling thread rather than waking the thread team.
-int64_t rowGrain(int64_t row_elements) {
-  constexpr int64_t kGrain = 32768;
-  return std::max<int64_t>(1, kGrain / std::max<int64_t>(1, row_elements));
-}
 
-// ---- vector loops ---------------------------------------------------------------------
-// float32 inner loops built for AVX-512, AVX2+FMA and the baseline, chosen at
-// load time; `omp simd` vectorises the reductions without fast-math.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define NPU_POSITION_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define NPU_POSITION_CLONES
-#endif
 
 // exp(x) in float that vectorises (std::exp does not): range reduction by
 // ln 2 in two parts, then a degree-6 polynomial; about 1 ulp over the range.
@@ -168,7 +155,7 @@ inline __attribute__((always_inline)) float expApprox(float x) {
   return poly * std::bit_cast<float>(((n + 127) << 23) & keep);
 }
 
-NPU_POSITION_CLONES float rowMax(const float* z, int64_t n) {
+NPU_VECTOR_CLONES float rowMax(const float* z, int64_t n) {
   float m = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : m)
   for (int64_t j = 0; j < n; ++j) m = z[j] > m ? z[j] : m;
@@ -176,7 +163,7 @@ NPU_POSITION_CLONES float rowMax(const float* z, int64_t n) {
 }
 
 // z <- exp(z - m), returning the sum.
-NPU_POSITION_CLONES float expShiftedInPlace(float* z, float m, int64_t n) {
+NPU_VECTOR_CLONES float expShiftedInPlace(float* z, float m, int64_t n) {
   float s = 0;
 #pragma omp simd reduction(+ : s)
   for (int64_t j = 0; j < n; ++j) {
@@ -189,7 +176,7 @@ NPU_POSITION_CLONES float expShiftedInPlace(float* z, float m, int64_t n) {
 
 // z <- mask ? -10000 : x * scale (the masked value is the Ascend kernel's);
 // the mask row is contiguous (mask_stride 1) or one value for the row (0).
-NPU_POSITION_CLONES void maskAndScale(const float* x, const uint8_t* mask, int64_t mask_stride, float scale, float* z,
+NPU_VECTOR_CLONES void maskAndScale(const float* x, const uint8_t* mask, int64_t mask_stride, float scale, float* z,
                                       int64_t n) {
   if (mask_stride == 0 && *mask != 0) {
     std::fill(z, z + n, -10000.0f);
@@ -204,13 +191,13 @@ NPU_POSITION_CLONES void maskAndScale(const float* x, const uint8_t* mask, int64
   for (int64_t j = 0; j < n; ++j) z[j] = mask[j] != 0 ? -10000.0f : x[j] * scale;
 }
 
-NPU_POSITION_CLONES void scaleRow(const float* z, float factor, float* y, int64_t n) {
+NPU_VECTOR_CLONES void scaleRow(const float* z, float factor, float* y, int64_t n) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) y[j] = z[j] * factor;
 }
 
 // dx = mask ? 0 : scale * y * (g - dot) for one row (dot = sum(g * y)).
-NPU_POSITION_CLONES void softmaxGradRow(const float* g, const float* y, float dot, const uint8_t* mask,
+NPU_VECTOR_CLONES void softmaxGradRow(const float* g, const float* y, float dot, const uint8_t* mask,
                                         int64_t mask_stride, float scale, float* dx, int64_t n) {
   if (mask_stride == 0 && *mask != 0) {
     std::fill(dx, dx + n, 0.0f);
@@ -225,7 +212,7 @@ NPU_POSITION_CLONES void softmaxGradRow(const float* g, const float* y, float do
   for (int64_t j = 0; j < n; ++j) dx[j] = mask[j] != 0 ? 0.0f : scale * y[j] * (g[j] - dot);
 }
 
-NPU_POSITION_CLONES float dotFloat(const float* a, const float* b, int64_t n) {
+NPU_VECTOR_CLONES float dotFloat(const float* a, const float* b, int64_t n) {
   float s = 0;
 #pragma omp simd reduction(+ : s)
   for (int64_t j = 0; j < n; ++j) s += a[j] * b[j];
@@ -234,14 +221,14 @@ NPU_POSITION_CLONES float dotFloat(const float* a, const float* b, int64_t n) {
 
 // ---- rows converted to and from float ---------------------------------------------------
 
-NPU_POSITION_CLONES void bf16ToFloat(const uint16_t* in, float* out, int64_t n) {
+NPU_VECTOR_CLONES void bf16ToFloat(const uint16_t* in, float* out, int64_t n) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) out[j] = std::bit_cast<float>(static_cast<uint32_t>(in[j]) << 16);
 }
 
 // Rounded to nearest even, NaN to the quiet NaN: c10::BFloat16's rounding,
 // with masks instead of branches so that it vectorises.
-NPU_POSITION_CLONES void floatToBf16(const float* in, uint16_t* out, int64_t n) {
+NPU_VECTOR_CLONES void floatToBf16(const float* in, uint16_t* out, int64_t n) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) {
     const uint32_t u = std::bit_cast<uint32_t>(in[j]);
@@ -350,7 +337,7 @@ RotaryMode parseRotaryMode(const char* op, std::string_view mode) {
 
 // y = x*c + rotate(x)*s for one row of d elements with per-element cos/sin,
 // where rotate pairs element j with j +- d/2 (half) or with its neighbour (pairs).
-NPU_POSITION_CLONES void rotateFull(const float* x, const float* c, const float* s, float* y, int64_t d, bool pairs) {
+NPU_VECTOR_CLONES void rotateFull(const float* x, const float* c, const float* s, float* y, int64_t d, bool pairs) {
   const int64_t h = d / 2;
   if (!pairs) {
 #pragma omp simd
@@ -371,7 +358,7 @@ NPU_POSITION_CLONES void rotateFull(const float* x, const float* c, const float*
 // The first 2h elements of x rotated with h cos/sin values that each pair
 // shares (the pair (j, j+h), or (2j, 2j+1) with `pairs`); sin_sign -1 applies
 // the inverse rotation (the backward: a rotation's transpose).
-NPU_POSITION_CLONES void rotateShared(const float* x, const float* c, const float* s, float sin_sign, float* y,
+NPU_VECTOR_CLONES void rotateShared(const float* x, const float* c, const float* s, float sin_sign, float* y,
                                       int64_t h, bool pairs) {
   if (!pairs) {
 #pragma omp simd
@@ -391,7 +378,7 @@ NPU_POSITION_CLONES void rotateShared(const float* x, const float* c, const floa
 }
 
 // npu_interleave_rope's row: the pair (x[2j], x[2j+1]) rotated into (y[j], y[j+h]).
-NPU_POSITION_CLONES void deinterleaveRotate(const float* x, const float* c, const float* s, float* y, int64_t h) {
+NPU_VECTOR_CLONES void deinterleaveRotate(const float* x, const float* c, const float* s, float* y, int64_t h) {
 #pragma omp simd
   for (int64_t j = 0; j < h; ++j) {
     const float a = x[2 * j], b = x[2 * j + 1];
@@ -401,7 +388,7 @@ NPU_POSITION_CLONES void deinterleaveRotate(const float* x, const float* c, cons
 }
 
 // Its transpose: dq = g*c + rotate_half^T(g*s), written back interleaved.
-NPU_POSITION_CLONES void deinterleaveRotateBackward(const float* g, const float* c, const float* s, float* dx,
+NPU_VECTOR_CLONES void deinterleaveRotateBackward(const float* g, const float* c, const float* s, float* dx,
                                                     int64_t h) {
 #pragma omp simd
   for (int64_t j = 0; j < h; ++j) {
@@ -1245,21 +1232,18 @@ TORCH_LIBRARY_FRAGMENT(npu, m) {
   m.impl("npu_apply_rotary_pos_emb_inplace", c10::DispatchKey::Autograd, TORCH_FN(applyRotaryInPlaceAutograd));
 }
 
-#define NPU_POSITION_KERNELS(KEY)                                                  \
-  TORCH_LIBRARY_IMPL(npu, KEY, m) {                                                \
-    m.impl("npu_apply_rotary_pos_emb_inplace", TORCH_FN(applyRotaryInPlace));      \
-    m.impl("npu_mrope", TORCH_FN(mrope));                                          \
-    m.impl("npu_mrope_backward", TORCH_FN(mropeBackward));                         \
-    m.impl("npu_interleave_rope", TORCH_FN(interleaveRope));                       \
-    m.impl("npu_interleave_rope_backward", TORCH_FN(interleaveRopeBackward));      \
-    m.impl("npu_top_k_top_p", TORCH_FN(topKTopP));                                 \
-    m.impl("npu_scaled_masked_softmax", TORCH_FN(scaledMaskedSoftmax));            \
-    m.impl("npu_scaled_masked_softmax_backward", TORCH_FN(scaledMaskedSoftmaxBackward)); \
-    m.impl("npu_transpose_batchmatmul_core", TORCH_FN(transposeBatchMatmulCore));  \
-  }
-NPU_POSITION_KERNELS(PrivateUse1)
-NPU_POSITION_KERNELS(CPU)
-#undef NPU_POSITION_KERNELS
+void registerPositionKernels(torch::Library& m) {
+  m.impl("npu_apply_rotary_pos_emb_inplace", TORCH_FN(applyRotaryInPlace));
+  m.impl("npu_mrope", TORCH_FN(mrope));
+  m.impl("npu_mrope_backward", TORCH_FN(mropeBackward));
+  m.impl("npu_interleave_rope", TORCH_FN(interleaveRope));
+  m.impl("npu_interleave_rope_backward", TORCH_FN(interleaveRopeBackward));
+  m.impl("npu_top_k_top_p", TORCH_FN(topKTopP));
+  m.impl("npu_scaled_masked_softmax", TORCH_FN(scaledMaskedSoftmax));
+  m.impl("npu_scaled_masked_softmax_backward", TORCH_FN(scaledMaskedSoftmaxBackward));
+  m.impl("npu_transpose_batchmatmul_core", TORCH_FN(transposeBatchMatmulCore));
+}
+NPU_FUSED_KERNELS_FOR_NPU_AND_CPU(registerPositionKernels)
 
 TORCH_LIBRARY_IMPL(npu, Meta, m) {
   m.impl("npu_apply_rotary_pos_emb_inplace", TORCH_FN(applyRotaryInPlaceMeta));
