@@ -1,5 +1,6 @@
 #include "allocator.h"
-#include "graph.h"
+#include "capture.h"
+#include "launch.h"
 
 #include <algorithm>
 #include <array>
@@ -1174,9 +1175,7 @@ class NPUCachingAllocator final : public c10::DeviceAllocator {
   c10::DeleterFnPtr raw_deleter() const override { return &deleteBlock; }
 
   void copy_data(void* dst, const void* src, std::size_t count) const override {
-    if (graph::recordCopy(currentDevice(), dst, src, count, runtime::CopyKind::DeviceToDevice)) return;
-    auto& stream = currentRuntimeStream(currentDevice());
-    stream.copy(dst, src, count, runtime::CopyKind::DeviceToDevice);
+    launchCopy(currentDevice(), dst, src, count, runtime::CopyKind::DeviceToDevice);
   }
 
   void free(void* ptr) {
@@ -1489,8 +1488,8 @@ void resizeStorageBytes(c10::StorageImpl* storage, std::size_t new_bytes) {
               "npu allocator does not own); clone() the tensor first");
   const auto device = storage->device().index();
   c10::DeviceGuard guard(storage->device());
-  if (C10_UNLIKELY(graph::currentStreamCapturing(device))) {
-    graph::refuseInCapture(device, currentStream(device).id(), "growing an npu tensor's storage (resize_)",
+  if (C10_UNLIKELY(capture::currentStreamCapturing(device))) {
+    capture::refuse(device, currentStream(device).id(), "growing an npu tensor's storage (resize_)",
                            "the copy of its old contents would run once, not at each replay; allocate it at its "
                            "final size before the capture");
   }

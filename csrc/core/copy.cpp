@@ -6,7 +6,7 @@
 #include <c10/core/DeviceGuard.h>
 
 #include "device.h"
-#include "graph.h"
+#include "capture.h"
 #include "host_allocator.h"
 #include "launch.h"
 #include "profile.h"
@@ -31,7 +31,7 @@ void waitForDevice(c10::DeviceIndex device, const char* where) {
 // threads queue after it, and raises an earlier kernel's error.
 void copyAndWait(c10::DeviceIndex device, void* dst, const void* src, std::size_t n, runtime::CopyKind kind,
                  const char* where) {
-  graph::checkNotCapturing(device, where);
+  capture::checkNotCapturing(device, where);
   auto& stream = currentRuntimeStream(device);
   auto done = runtimeDevice(device).createEvent(false);
   translateRuntimeErrors(where, [&] {
@@ -115,14 +115,12 @@ void copyHostToDevice(at::Tensor& dst, const at::Tensor& src, bool non_blocking)
   c10::DeviceGuard guard(dst.device());
   auto& stream = currentRuntimeStream(device);
   if (non_blocking && isPinned(src.const_data_ptr()) && isPlainCopy(dst, src)) {
-    // Captured: a replay copies from the same pinned memory (the caller keeps it, as on CUDA).
-    if (graph::recordCopy(device, dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src),
-                          runtime::CopyKind::HostToDevice, src.storage())) {
-      return;
+    // Captured, a replay copies from the same pinned memory (the caller keeps it, as on CUDA);
+    // queued, the pinned block is kept alive until the copy ran.
+    if (launchCopy(device, dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src),
+                   runtime::CopyKind::HostToDevice, src.storage())) {
+      recordPinnedUse(src.const_data_ptr(), stream);
     }
-    // Stream-ordered: the pinned block is kept alive until the copy ran.
-    stream.copy(dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src), runtime::CopyKind::HostToDevice);
-    recordPinnedUse(src.const_data_ptr(), stream);
     return;
   }
   if (!hostAddressable(device)) {
@@ -148,13 +146,10 @@ void copyDeviceToHost(at::Tensor& dst, const at::Tensor& src, bool non_blocking)
   if (!(non_blocking && isPinned(dst.const_data_ptr()))) checkSync("a copy from npu to cpu");
   c10::DeviceGuard guard(src.device());
   if (non_blocking && isPinned(dst.const_data_ptr()) && isPlainCopy(dst, src)) {
-    if (graph::recordCopy(device, dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src),
-                          runtime::CopyKind::DeviceToHost, dst.storage())) {
-      return;
+    if (launchCopy(device, dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src),
+                   runtime::CopyKind::DeviceToHost, dst.storage())) {
+      recordPinnedUse(dst.const_data_ptr(), currentRuntimeStream(device));
     }
-    auto& stream = currentRuntimeStream(device);
-    stream.copy(dst.mutable_data_ptr(), src.const_data_ptr(), bytesOf(src), runtime::CopyKind::DeviceToHost);
-    recordPinnedUse(dst.const_data_ptr(), stream);
     return;
   }
   if (!hostAddressable(device)) {

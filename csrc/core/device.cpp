@@ -1,6 +1,6 @@
 #include "device.h"
 
-#include "graph.h"
+#include "capture.h"
 
 #include <c10/util/Exception.h>
 #include <pthread.h>
@@ -137,7 +137,7 @@ void checkTimingEvents(c10::DeviceIndex index, const char* what) {
 }
 
 void synchronizeDevice(c10::DeviceIndex index) {
-  graph::checkNotCapturing(resolveDevice(index), "torch.npu.synchronize()");
+  capture::checkNotCapturing(resolveDevice(index), "torch.npu.synchronize()");
   auto& device = runtimeDevice(resolveDevice(index));
   translateRuntimeErrors("torch.npu.synchronize()", [&] { device.synchronize(); });
 }

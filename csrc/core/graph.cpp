@@ -1,5 +1,7 @@
 #include "graph.h"
 
+#include "capture.h"
+
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
@@ -440,5 +442,12 @@ std::string Graph::describe() const {
   }
   return out.str();
 }
+
+// The primitives ask through capture.h, which does not know this file.
+namespace {
+const capture::Hooks kCaptureHooks{&anyCapture,   &currentStreamCapturing, &checkNotCapturing, &refuseIfJoined,
+                                   &refuseInCapture, &eventRecorded,        &eventWaited,       &eventDestroyed};
+const bool kCaptureInstalled = (capture::install(&kCaptureHooks), true);
+}  // namespace
 
 }  // namespace npu::graph

@@ -4,7 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include "allocator.h"
-#include "graph.h"
+#include "capture.h"
 #include "device.h"
 #include "stream.h"
 
@@ -85,17 +85,17 @@ struct NPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     TORCH_CHECK(e.device() == stream.device_index(), "an event created on npu:", e.device(),
                 " cannot be recorded on a stream of npu:", static_cast<int>(stream.device_index()));
     e.record(rt_stream);
-    graph::eventRecorded(*event, stream.device_index(), stream.id());
+    capture::eventRecorded(*event, stream.device_index(), stream.id());
   }
   void block(void* event, const c10::Stream& stream) const override {
     if (event == nullptr) return;
     runtimeStream(stream).wait(asEvent(event));
-    graph::eventWaited(event, stream.device_index(), stream.id());
+    capture::eventWaited(event, stream.device_index(), stream.id());
   }
   bool queryEvent(void* event) const override { return event == nullptr || asEvent(event).query(); }
   void synchronizeEvent(void* event) const override {
     if (event == nullptr) return;
-    graph::checkNotCapturing(static_cast<c10::DeviceIndex>(asEvent(event).device()), "Event.synchronize()");
+    capture::checkNotCapturing(static_cast<c10::DeviceIndex>(asEvent(event).device()), "Event.synchronize()");
     translateRuntimeErrors("Event.synchronize()", [&] { asEvent(event).synchronize(); });
   }
   double elapsedTime(void* start, void* end, c10::DeviceIndex /*device*/) const override {
@@ -106,7 +106,7 @@ struct NPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
   void destroyEvent(void* event, c10::DeviceIndex /*device*/) const noexcept override {
     try {
-      graph::eventDestroyed(event);
+      capture::eventDestroyed(event);
     } catch (...) {  // NOLINT(bugprone-empty-catch): noexcept; the tag only matters while its capture lasts
     }
     delete static_cast<runtime::Event*>(event);

@@ -77,6 +77,13 @@ void launch(c10::DeviceIndex device, const char* name, runtime::Kernel kernel, s
   });
 }
 
+bool launchCopy(c10::DeviceIndex device, void* dst, const void* src, std::size_t n, runtime::CopyKind kind,
+                c10::Storage keep) {
+  if (C10_UNLIKELY(graph::recordCopy(device, dst, src, n, kind, std::move(keep)))) return false;  // captured
+  currentRuntimeStream(device).copy(dst, src, n, kind);
+  return true;
+}
+
 void runHostKernel(c10::DeviceIndex device, const char* name, const runtime::tracing::Work& work, std::size_t bytes,
                    const std::function<void()>& kernel) {
   if (C10_LIKELY(!runtime::tracing::enabled())) {

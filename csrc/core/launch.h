@@ -1,4 +1,5 @@
-// How work reaches the device: a kernel is a closure queued on an npu stream.
+// How work reaches the device, the one submission point: a kernel is a closure
+// queued on an npu stream, or recorded by the stream's graph capture (graph.h).
 // On the emulated NPU it computes with ATen's CPU kernels on CPU tensors that
 // alias device memory (no copy). Closures must not own tensors Python has seen
 // (dropping the last reference would need the GIL on the worker thread), so they
@@ -7,6 +8,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Storage.h>
 
 #include <functional>
 
@@ -47,6 +49,13 @@ class HostOpName {
 // kernel surface at the next synchronisation point; with NPU_LAUNCH_BLOCKING=1
 // they are raised here, naming the kernel.
 void launch(c10::DeviceIndex device, const char* name, runtime::Kernel kernel, std::size_t bytes);
+
+// Queues a stream-ordered copy of `n` bytes on the current stream of `device`,
+// or records it into that stream's capture (graph.h): false when captured.
+// `keep` is host memory the copy reads or writes, kept as long as a graph that
+// recorded it.
+bool launchCopy(c10::DeviceIndex device, void* dst, const void* src, std::size_t n, runtime::CopyKind kind,
+                c10::Storage keep = {});
 
 // Runs `kernel` now, on this thread, when the current stream of `device` is
 // idle and the launch policy would run it here anyway: its error raises at

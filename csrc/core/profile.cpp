@@ -11,7 +11,7 @@
 #include <unordered_map>
 
 #include "device.h"
-#include "graph.h"
+#include "capture.h"
 
 namespace npu::profile {
 namespace {
@@ -407,6 +407,6 @@ runtime::tracing::Work workOf(const c10::OperatorHandle& op, const torch::jit::S
   return describe(estimateWork(op, stack));
 }
 
-bool describingWork() { return runtime::tracing::enabled() || graph::anyCapture(); }
+bool describingWork() { return runtime::tracing::enabled() || capture::anyCapture(); }
 
 }  // namespace npu::profile

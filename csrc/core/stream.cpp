@@ -7,7 +7,7 @@
 
 #include <c10/util/Exception.h>
 
-#include "graph.h"
+#include "capture.h"
 
 namespace npu {
 
@@ -86,7 +86,7 @@ runtime::Stream& currentRuntimeStream(c10::DeviceIndex device) {
 }
 
 void synchronizeStream(const c10::Stream& stream, const char* where) {
-  graph::checkNotCapturing(stream.device_index(), where);
+  capture::checkNotCapturing(stream.device_index(), where);
   auto& rt = runtimeStream(stream);
   translateRuntimeErrors(where, [&] { rt.synchronize(); });
 }
@@ -102,8 +102,8 @@ thread_local std::vector<HeldStream> t_held;
 }  // namespace
 
 StreamHold::StreamHold(c10::DeviceIndex device, const char* where) : device_(resolveDevice(device)) {
-  graph::checkNotCapturing(device_, where);
-  graph::refuseIfJoined(device_, where);
+  capture::checkNotCapturing(device_, where);
+  capture::refuseIfJoined(device_, where);
   stream_ = &currentRuntimeStream(device_);
   translateRuntimeErrors(where, [&] { stream_->acquire(); });
   t_held.push_back({device_, stream_->id()});
