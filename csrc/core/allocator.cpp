@@ -1,4 +1,5 @@
 #include "allocator.h"
+#include "allocator_config.h"
 #include "capture.h"
 #include "launch.h"
 
@@ -37,27 +38,11 @@ constexpr std::size_t kSmallSegment = 2 << 20;    // small pool grows by 2 MiB s
 constexpr std::size_t kLargeSegment = 20 << 20;   // requests under 10 MiB share 20 MiB segments
 constexpr std::size_t kMinLargeAlloc = 10 << 20;
 constexpr std::size_t kLargeRounding = 2 << 20;   // larger requests get their own, rounded
-constexpr std::size_t kLargeBuffer = 20 << 20;    // an oversize request may waste at most this
-constexpr std::size_t kMiB = 1 << 20;
-constexpr std::size_t kGiB = std::size_t(1) << 30;
-constexpr std::size_t kNoLimit = std::numeric_limits<std::size_t>::max();
-constexpr int kRoundupIntervals = 16;             // roundup_power2_divisions: 1 MiB .. 32 GiB and above
+using namespace allocator_config;
 
 std::size_t roundUp(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
-bool isPowerOf2(std::size_t n) { return n != 0 && (n & (n - 1)) == 0; }
-int floorLog2(std::size_t n) { return 63 - __builtin_clzll(static_cast<unsigned long long>(n)); }
 
-// PYTORCH_NPU_ALLOC_CONF, read under the allocator's lock.
-struct Settings {
-  std::size_t max_split_size = kNoLimit;
-  double gc_threshold = 0.0;  // 0: off
-  std::array<std::size_t, kRoundupIntervals> divisions{};  // 0 or 1: 512-byte rounding only
-  bool expandable_segments = false;
-  std::size_t large_page = 0;  // page_size:1g rounds large-pool segments to 1 GiB
-  std::size_t expandable_page = 0;  // segment_size_mb: how much an expandable segment grows at least (0: 2 MiB)
-  std::string origin;          // where the settings came from
-  std::string text;            // as given
-};
+// PYTORCH_NPU_ALLOC_CONF (allocator_config.h), read under the allocator's lock.
 Settings g_settings;
 // change_current_allocator's: segments of the general pools come from it (never reset).
 std::atomic<const allocator::SegmentSource*> g_current_source{nullptr};
@@ -1503,121 +1488,6 @@ void resizeStorageBytes(c10::StorageImpl* storage, std::size_t new_bytes) {
   storage->set_nbytes(new_bytes);
 }
 
-namespace {
-
-std::string trim(const std::string& text) {
-  const auto first = text.find_first_not_of(" \t\n");
-  if (first == std::string::npos) return "";
-  const auto last = text.find_last_not_of(" \t\n");
-  return text.substr(first, last - first + 1);
-}
-
-// "a:1,b:[2:3,>:4]" -> {("a", "1"), ("b", "[2:3,>:4]")}
-std::vector<std::pair<std::string, std::string>> splitSettings(const std::string& config, const std::string& origin) {
-  std::vector<std::string> items;
-  std::string current;
-  int depth = 0;
-  for (char c : config) {
-    if (c == '[') depth++;
-    if (c == ']') depth--;
-    if (c == ',' && depth == 0) {
-      items.push_back(current);
-      current.clear();
-    } else {
-      current += c;
-    }
-  }
-  items.push_back(current);
-  std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& raw : items) {
-    const std::string item = trim(raw);
-    if (item.empty()) continue;
-    const auto colon = item.find(':');
-    TORCH_CHECK_VALUE(colon != std::string::npos, origin, ": '", item, "' is not a key:value setting; write ",
-                      "for example max_split_size_mb:128,garbage_collection_threshold:0.6");
-    out.emplace_back(trim(item.substr(0, colon)), trim(item.substr(colon + 1)));
-  }
-  return out;
-}
-
-double parseNumber(const std::string& origin, const std::string& key, const std::string& value, const char* expected) {
-  std::size_t used = 0;
-  double number = 0;
-  try {
-    number = std::stod(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  TORCH_CHECK_VALUE(used == value.size() && !value.empty() && std::isfinite(number), origin, ": ", key, ":", value,
-                    " is not valid; ", key, " takes ", expected);
-  return number;
-}
-
-std::size_t parseCount(const std::string& origin, const std::string& key, const std::string& value,
-                       const char* expected) {
-  const double number = parseNumber(origin, key, value, expected);
-  TORCH_CHECK_VALUE(number >= 0 && number == std::floor(number), origin, ": ", key, ":", value, " is not valid; ",
-                    key, " takes ", expected);
-  return static_cast<std::size_t>(number);
-}
-
-bool parseBool(const std::string& origin, const std::string& key, const std::string& value) {
-  if (value == "True" || value == "true" || value == "1") return true;
-  if (value == "False" || value == "false" || value == "0") return false;
-  TORCH_CHECK_VALUE(false, origin, ": ", key, ":", value, " is not valid; ", key, " takes True or False");
-  return false;
-}
-
-std::array<std::size_t, kRoundupIntervals> parseDivisions(const std::string& origin, const std::string& value) {
-  const char* expected = "a power of two (or 0), or a list such as [256:1,512:2,1024:4,>:8] (sizes in MiB, "
-                         "each a power of two, with the divisions of the sizes below it; '>' for the rest)";
-  auto checkDivision = [&](const std::string& v) {
-    const std::size_t d = parseCount(origin, "roundup_power2_divisions", v, expected);
-    TORCH_CHECK_VALUE(d == 0 || isPowerOf2(d), origin, ": roundup_power2_divisions: ", v,
-                      " divisions is not valid; the divisions must be a power of two (or 0 for none)");
-    return d;
-  };
-  std::array<std::size_t, kRoundupIntervals> divisions{};
-  if (value.empty() || value.front() != '[') {
-    divisions.fill(checkDivision(value));
-    return divisions;
-  }
-  TORCH_CHECK_VALUE(value.back() == ']', origin, ": roundup_power2_divisions:", value, " is not valid; it takes ",
-                    expected);
-  std::size_t next = 0;  // the first interval not yet given
-  bool rest_given = false;
-  for (const auto& [size_text, division_text] :
-       splitSettings(value.substr(1, value.size() - 2), origin + " (roundup_power2_divisions)")) {
-    const std::size_t d = checkDivision(division_text);
-    TORCH_CHECK_VALUE(!rest_given, origin, ": roundup_power2_divisions: '>' must be the last entry");
-    if (size_text == ">") {
-      for (std::size_t i = next; i < divisions.size(); ++i) divisions[i] = d;
-      next = divisions.size();
-      rest_given = true;
-      continue;
-    }
-    const std::size_t mib = parseCount(origin, "roundup_power2_divisions", size_text, expected);
-    TORCH_CHECK_VALUE(isPowerOf2(mib), origin, ": roundup_power2_divisions: the size ", size_text,
-                      " MiB is not a power of two");
-    const auto end = std::min<std::size_t>(static_cast<std::size_t>(floorLog2(mib)), divisions.size());
-    TORCH_CHECK_VALUE(end >= next && (end > next || next == 0), origin,
-                      ": roundup_power2_divisions: the sizes must grow from one entry to the next");
-    for (std::size_t i = next; i < end; ++i) divisions[i] = d;
-    next = end;
-  }
-  return divisions;
-}
-
-std::string settingsVariable() {
-  for (const char* name : {"PYTORCH_NPU_ALLOC_CONF", "PYTORCH_ALLOC_CONF"}) {
-    const char* value = std::getenv(name);
-    if (value != nullptr && *value != '\0') return name;
-  }
-  return "";
-}
-
-}  // namespace
-
 namespace allocator {
 void emptyCache() { g_allocator->releaseCachedMemory(); }
 void setCachingEnabled(bool enabled) {
@@ -1697,63 +1567,15 @@ void setMemoryFraction(double fraction, c10::DeviceIndex device) {
 double getMemoryFraction(c10::DeviceIndex device) { return g_allocator->fraction(resolveDevice(device)); }
 
 std::vector<std::string> setAllocatorSettings(const std::string& config, const std::string& origin) {
-  Settings next;
+  Settings base;
   {
     std::lock_guard<std::mutex> lock(g_allocator->mutex());
-    next = g_settings;
+    base = g_settings;
   }
   std::vector<std::string> notes;
-  std::size_t segment_size_mb = 0;
-  bool base_addr_given = false;
-  for (const auto& [key, value] : splitSettings(config, origin)) {
-    if (key == "max_split_size_mb") {
-      const std::size_t mb = parseCount(origin, key, value, "a whole number of MiB over 20");
-      TORCH_CHECK_VALUE(mb > kLargeBuffer / kMiB, origin, ": max_split_size_mb:", value,
-                        " is too small; it must be more than ", kLargeBuffer / kMiB, " (MiB)");
-      next.max_split_size = mb * kMiB;
-    } else if (key == "garbage_collection_threshold") {
-      const double t = parseNumber(origin, key, value, "a fraction between 0 and 1, such as 0.6");
-      TORCH_CHECK_VALUE(t > 0.0 && t < 1.0, origin, ": garbage_collection_threshold:", value,
-                        " is out of range; it takes a fraction between 0 and 1 (exclusive), such as 0.6");
-      next.gc_threshold = t;
-    } else if (key == "roundup_power2_divisions") {
-      next.divisions = parseDivisions(origin, value);
-    } else if (key == "expandable_segments") {
-      next.expandable_segments = parseBool(origin, key, value);
-    } else if (key == "page_size") {
-      TORCH_CHECK_VALUE(value == "1g" || value == "1G", origin, ": page_size:", value,
-                        " is not valid; page_size takes 1g (1 GiB pages for the large pool)");
-      next.large_page = kGiB;
-    } else if (key == "segment_size_mb") {
-      segment_size_mb = parseCount(origin, key, value, "a whole number of MiB from 20 to 512");
-      TORCH_CHECK_VALUE(segment_size_mb >= 20 && segment_size_mb <= 512, origin, ": segment_size_mb:", value,
-                        " is out of range; it takes 20 to 512 (MiB)");
-    } else if (key == "base_addr_aligned_kb") {
-      const std::size_t kb = parseCount(origin, key, value, "a whole number of KiB from 0 to 16");
-      TORCH_CHECK_VALUE(kb <= 16, origin, ": base_addr_aligned_kb:", value, " is out of range; it takes 0 to 16");
-      base_addr_given = true;
-    } else if (key == "pinned_use_background_threads" || key == "pin_memory_expandable_segments" ||
-               key == "pinned_mem_register") {
-      if (parseBool(origin, key, value)) {
-        notes.push_back(origin + ": " + key + ":True is accepted but has no effect: the npu's pinned host " +
-                        "allocator has no such mode");
-      }
-    } else {
-      TORCH_CHECK_VALUE(false, origin, ": unknown setting '", key, "'. The npu allocator takes max_split_size_mb, ",
-                        "garbage_collection_threshold, roundup_power2_divisions, expandable_segments, page_size, ",
-                        "segment_size_mb, base_addr_aligned_kb, pinned_use_background_threads, ",
-                        "pin_memory_expandable_segments and pinned_mem_register");
-    }
-  }
-  if (segment_size_mb != 0) next.expandable_page = segment_size_mb * kMiB;
-  if (base_addr_given) {
-    notes.push_back(origin + ": base_addr_aligned_kb is accepted but has no effect: an expandable segment's " +
-                    "address is the HAL's reservation's");
-  }
-  next.origin = origin;
-  next.text = config;
+  Settings next = parseSettings(config, origin, std::move(base), &notes);
   std::lock_guard<std::mutex> lock(g_allocator->mutex());
-  g_settings = next;
+  g_settings = std::move(next);
   return notes;
 }
 
@@ -1769,22 +1591,7 @@ std::vector<std::string> loadAllocatorSettingsFromEnv() {
 
 std::map<std::string, std::string> allocatorSettings() {
   std::lock_guard<std::mutex> lock(g_allocator->mutex());
-  std::ostringstream divisions;
-  divisions << "[";
-  for (std::size_t i = 0; i < g_settings.divisions.size(); ++i) {
-    divisions << (i ? "," : "") << g_settings.divisions[i];
-  }
-  divisions << "]";
-  std::ostringstream gc;
-  gc << g_settings.gc_threshold;
-  return {{"PYTORCH_NPU_ALLOC_CONF", g_settings.text},
-          {"origin", g_settings.origin},
-          {"max_split_size",
-           g_settings.max_split_size == kNoLimit ? "-1" : std::to_string(g_settings.max_split_size)},
-          {"garbage_collection_threshold", gc.str()},
-          {"expandable_segments", g_settings.expandable_segments ? "True" : "False"},
-          {"roundup_power2_divisions", divisions.str()},
-          {"page_size", g_settings.large_page == 0 ? "" : "1g"}};
+  return describeSettings(g_settings);
 }
 
 void recordHistory(const HistoryOptions& options) { g_allocator->recordHistory(options); }
