@@ -25,7 +25,8 @@ const char* HostOpName::current() { return t_host_op != nullptr ? t_host_op : "a
 
 c10::Storage cpuAliasStorage(const at::Tensor& t, c10::Allocator* resize_allocator) {
   // The one door of host kernels into device memory: refused, by name, on a HAL that keeps it out of reach.
-  if (C10_UNLIKELY(!hostKernelsAllowed(t.device().index()))) refuseHostKernel(t.device().index(), HostOpName::current());
+  const c10::DeviceIndex device = t.device().index();
+  if (C10_UNLIKELY(!hostKernelsAllowed(device))) refuseHostKernel(device, HostOpName::current());
   const auto* storage = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
   const bool resizable = resize_allocator != nullptr && storage->resizable();
   return c10::Storage(c10::Storage::use_byte_size_t(), storage->nbytes(),
