@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torch_npu
-from torch_npu import _profiles
+from torch_npu._emu import profiles as _profiles
 
 from helpers import last_line, run_python
 
@@ -534,7 +534,7 @@ def test_the_cost_model_is_validated_on_other_measurements_than_its_calibration(
     table = doc.split("<!-- validation table: benchmarks/validate_cost_model.py -->")[1].split(
         "<!-- end of the validation table -->")[0]
     rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    sources = torch_npu._profiles.sources()
+    sources = torch_npu._emu.profiles.sources()
     calibrated, validated = {}, []
     for role, measurement, published, projected, error, source in rows:
         key = _re.search(r"\[([a-z0-9-]+)\]\(", source).group(1)
@@ -549,8 +549,8 @@ def test_the_cost_model_is_validated_on_other_measurements_than_its_calibration(
     assert not set(calibrated.values()) & set(validated)
     assert len(validated) >= 20
     # Each figure a profile calls calibrated has its calibration row, from the source it names.
-    for name in torch_npu._profiles.names():
-        for figure, f in (torch_npu._profiles.load(name).cost_figures or {}).items():
+    for name in torch_npu._emu.profiles.names():
+        for figure, f in (torch_npu._emu.profiles.load(name).cost_figures or {}).items():
             if f.basis == "calibrated":
                 assert figure in calibrated and calibrated[figure][0] == f.source, (name, figure)
             assert f.source in sources and f.figure

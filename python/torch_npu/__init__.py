@@ -17,13 +17,17 @@ def _autoload():
 
 import torch  # noqa: E402
 
-from . import _ascend_env  # noqa: E402
+from ._core import env as _ascend_env  # noqa: E402
 _ascend_env.apply()   # the Ascend adapter's switch names, before the runtime reads ours
 
-from . import _C, _patches  # noqa: E402
+import sys as _sys  # noqa: E402
+
+from . import _C  # noqa: E402
+from ._core import patches as _patches  # noqa: E402
+_sys.modules[__name__ + "._patches"] = _patches   # torch_npu._patches: the ledger's documented path
 _patches.record_host_allocator_redirect()  # _C wrapped the process's CPU allocator as it loaded
 
-from . import _profiles  # noqa: E402
+from ._emu import profiles as _profiles  # noqa: E402
 _profiles.from_environment()  # NPU_EMU_PROFILE: before the emulator reads NPU_EMU_MEMORY
 
 _environment_problem = _C._runtime_environment_error()
@@ -108,7 +112,7 @@ from . import _multiprocessing  # noqa: E402
 
 _multiprocessing.install()  # npu tensors sent to another process: a clear error, never a hang
 
-from . import _exit  # noqa: E402
+from ._core import exit as _exit  # noqa: E402
 
 _exit.install()  # backward runs on the npu's autograd thread, as on CUDA: drained at exit
 

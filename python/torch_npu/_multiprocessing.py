@@ -28,7 +28,8 @@ from multiprocessing.reduction import ForkingPickler
 import torch
 import torch.multiprocessing.reductions as _reductions  # registers torch's reducers first
 
-from . import _C, _patches
+from . import _C
+from ._core import patches as _patches
 
 GROUP = "multiprocessing"
 

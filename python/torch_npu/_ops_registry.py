@@ -41,7 +41,8 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import _C, _profiles
+from . import _C
+from ._emu import profiles as _profiles
 from ._custom_ops import all_custom_ops, custom_op, register
 
 __all__ = ["OpInfo", "contains", "get", "backends_for_op", "list_ops", "summary", "num_registered", "register"]

@@ -39,7 +39,7 @@ from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen  # noqa: F401 
 from torch._inductor.utils import sympy_product
 from torch._inductor.virtualized import V
 
-from .. import _patches
+from .._core import patches as _patches
 from . import GROUP
 
 _CPU = torch.device("cpu")

@@ -38,7 +38,7 @@ import torch.profiler
 import torch.utils._device
 
 import torch_npu  # noqa: F401  (registers the npu device)
-from torch_npu import _patches
+from torch_npu._core import patches as _patches
 
 GROUP = "transfer_to_npu"
 CHECKED = ("2.13",)   # the torch versions every change below was checked against (torch_npu._patches)

@@ -25,7 +25,8 @@ import types
 import torch
 import torch.distributed as dist
 
-from .. import _C, _patches
+from .. import _C
+from .._core import patches as _patches
 
 BACKEND = "hccl"
 ALIAS = "npu_gloo"   # the descriptive name: Gloo for npu tensors

@@ -137,7 +137,7 @@ _FALLBACK_REMEDY = {
 def _no_kernel_on_chip(op):
     """Under a chip profile, for an op the chip lacks: the remedy, naming the chips that have it.
     None for an op in the chip's list (the emulator lacks its kernel, not the chip)."""
-    from .. import _profiles
+    from .._emu import profiles as _profiles
     chip = _profiles.active()
     name = op[len("aten::"):] if op.startswith("aten::") else op
     if not chip.is_chip or chip.native_ops is None or name in chip.native_ops:

@@ -168,7 +168,7 @@ def _fate(op, profile):
 
 def _cross_fallbacks(run, target):
     """The run's ops as ``target`` would run them: (fallbacks, reasons it is not exact)."""
-    from .. import _profiles
+    from .._emu import profiles as _profiles
     here = _profiles.active().name
     calls_at = {}
     for site in run.sites:
@@ -220,7 +220,7 @@ def _run_fallbacks(run):
 
 def verdict(run, target, exact):
     """The section for chip profile ``target`` of a finished run; ``exact``: the npu emulated it."""
-    from .. import _profiles
+    from .._emu import profiles as _profiles
     chip = _profiles.load(target)
     out = Verdict(target=target, device_name=chip.device_name, exact=exact)
     out.figures = {k: f"{f.value:g} ({f.label})" for k, f in (chip.cost_figures or {}).items()}
@@ -317,7 +317,7 @@ def rank(run, findings, target, exact):
     time. Findings whose cost is not time (wrong results, float64, memory growth, the
     chip's refusals and saturation, compilation) are never minor."""
     from ._findings import UNFLOORED, rank_key
-    from .. import _profiles
+    from .._emu import profiles as _profiles
     out = verdict(run, target, exact)
     cost = _profiles.load(target).cost
     floor = _MINOR_SHARE * step_cost(run, out, cost)

@@ -2,6 +2,7 @@
 import torch
 
 from torch_npu import _C
+from torch_npu._emu import profiles as _profiles
 
 from ._device import (
     current_device,
@@ -129,7 +130,6 @@ def get_amp_supported_dtype():
 def is_bf16_supported(including_emulation: bool = True) -> bool:
     """Whether the chip computes in bfloat16: False under the 910A and 310P profiles, which have no
     bfloat16 units (npu ops on bfloat16 tensors raise there). Nothing emulates bfloat16 on them."""
-    from torch_npu import _profiles
     return _profiles.active().bfloat16
 
 

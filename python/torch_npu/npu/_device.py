@@ -5,7 +5,9 @@ from typing import Any, Optional, Union
 
 import torch
 
-from torch_npu import _C, _profiles
+from torch_npu import _C
+from torch_npu._core import env as _ascend_env
+from torch_npu._emu import profiles as _profiles
 
 _DeviceLike = Union[torch.device, str, int, None]
 
@@ -188,7 +190,6 @@ def clock_rate(device: _DeviceLike = None) -> int:
     the profile's own figures (peak float16 = cube cores x 16x16x16 MACs x 2 x clock: 1800 for
     Ascend910B2); 0 for the generic emulated npu."""
     _get_device_index(device)
-    from .. import _profiles
     chip = _profiles.active()
     cores = chip.properties.get("cube_core_num") or chip.properties.get("ai_core_num")
     if not chip.cost or not cores:
@@ -247,8 +248,6 @@ def get_sync_debug_mode() -> int:
 def _physical_index(index: int) -> int:
     """The emulated device behind npu:index, through ASCEND_RT_VISIBLE_DEVICES' mask."""
     import os
-
-    from .. import _ascend_env
 
     mask, physical = os.environ.get("ASCEND_RT_VISIBLE_DEVICES"), os.environ.get(_ascend_env._PHYSICAL, "")
     if mask is not None and physical.strip().isdigit():

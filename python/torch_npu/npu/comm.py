@@ -118,7 +118,7 @@ def install() -> None:
 
     from torch.nn.parallel import comm as pytorch_comm
 
-    from .. import _patches
+    from .._core import patches as _patches
     ours = {"broadcast": broadcast, "broadcast_coalesced": broadcast_coalesced, "reduce_add": reduce_add,
             "reduce_add_coalesced": reduce_add_coalesced, "scatter": scatter, "gather": gather}
     expects = {"broadcast": "(tensor, devices=None, *, out=None)",

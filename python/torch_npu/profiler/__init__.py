@@ -45,7 +45,7 @@ from torch.profiler import (  # noqa: F401  (the public names of torch.profiler)
     supported_activities,
 )
 
-from .. import _patches
+from .._core import patches as _patches
 from . import _analyse, _ascend_export
 from ._analyse import Analysis, analyse, set_projection_target  # noqa: F401
 from ._ascend_export import export_ascend, tensorboard_trace_handler  # noqa: F401

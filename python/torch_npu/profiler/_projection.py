@@ -160,7 +160,8 @@ def project(results, projections, profile, op_host_us: Optional[Dict[str, float]
     ops are called from C++ on the real system, with no Python between them.
     ``not_python``: (start, end) ns of an observer's own work between ops (the doctor's
     bookkeeping at each step), left out of the Python time."""
-    from .. import _C, _profiles
+    from .. import _C
+    from .._emu import profiles as _profiles
     _profiles.define(profile.name)   # its device side is projected in C++
     cost, figures = profile.cost, profile.cost_figures
     out = ChipProjection(profile.name, profile.device_name)
