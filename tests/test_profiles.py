@@ -135,7 +135,7 @@ def test_unknown_profile_is_a_clear_error():
 # ---- the support set ----------------------------------------------------------
 
 def test_registry_answers_for_any_profile_without_switching():
-    registry = torch_npu._ops_registry
+    registry = torch_npu.ops.registry
     assert registry.get("_transformer_encoder_layer_fwd").backend == "npu"  # generic: the op library has it
     chip = registry.get("_transformer_encoder_layer_fwd", profile="ascend910b2")
     assert chip.backend == "cpu" and "npu" not in chip.backends
@@ -158,7 +158,7 @@ def test_registry_answers_for_any_profile_without_switching():
 SUPPORT_SET = r"""
 import json, torch, torch_npu
 from torch_npu import NPUFallbackMode
-registry = torch_npu._ops_registry
+registry = torch_npu.ops.registry
 NPUFallbackMode.reset_fallback_stats()
 layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).npu().eval()
 with torch.no_grad():
@@ -217,7 +217,7 @@ for kind in ("gpt", "resnet", "vit"):
     with Ops() as ops:
         step(model, make_batch, loss_fn)
     fell_back = sorted(NPUFallbackMode.get_fallback_stats().ops)
-    predicted = sorted(name for name in ops.seen if torch_npu._ops_registry.get(name).backend == "cpu")
+    predicted = sorted(name for name in ops.seen if torch_npu.ops.registry.get(name).backend == "cpu")
     result[kind] = {"fell_back": fell_back, "predicted": predicted}
 print(json.dumps(result))
 """
@@ -411,7 +411,7 @@ cell = torch.nn.LSTMCell(4, 4).npu()
 h, _ = cell(torch.randn(2, 4, device="npu"))
 h.sum().backward()
 torch_npu.set_fallback_mode("auto")
-reg = torch_npu._ops_registry
+reg = torch_npu.ops.registry
 out["registry"] = {op: reg.get(op).backend for op in
                    ("_thnn_fused_lstm_cell", "_copy_from", "view_as_real", "heaviside", "gelu",
                     "_scaled_dot_product_flash_attention_for_cpu")}

@@ -45,13 +45,14 @@ if not hasattr(torch.Tensor, "npu"):
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )
 
-from . import _ops_registry  # noqa: E402
-from ._custom_ops import register_npu_op  # noqa: E402
+from .ops import registry as _ops_registry  # noqa: E402
+_sys.modules[__name__ + "._ops_registry"] = _ops_registry   # torch_npu._ops_registry: its documented path
+from .ops.custom import register_npu_op  # noqa: E402
 from . import optim  # noqa: E402
 from . import profiler  # noqa: E402
 from . import utils  # noqa: E402  (torch_npu.utils: the Ascend adapter's pickle function, for msprobe)
-from ._attention import npu_fusion_attention  # noqa: E402
-from ._llm_attention import (  # noqa: E402
+from .ops.fusion_attention import npu_fusion_attention  # noqa: E402
+from .ops.attention import (  # noqa: E402
     _npu_fused_infer_attention_score_get_max_workspace,
     _npu_fused_infer_attention_score_v2_get_max_workspace,
     npu_fused_infer_attention_score,
@@ -62,15 +63,15 @@ from ._llm_attention import (  # noqa: E402
     npu_prompt_flash_attention,
     npu_scatter_pa_kv_cache,
 )
-from ._formats import Format, get_npu_format, npu_format_cast, npu_format_cast_  # noqa: E402
-from ._fused import (  # noqa: E402
+from .ops.formats import Format, get_npu_format, npu_format_cast, npu_format_cast_  # noqa: E402
+from .ops.fused import (  # noqa: E402
     npu_add_rms_norm,
     npu_fused_add_matmul,
     npu_rms_norm,
     npu_rotary_mul,
     npu_swiglu,
 )
-from ._llm_moe import (  # noqa: E402
+from .ops.moe_quant import (  # noqa: E402
     npu_convert_weight_to_int4pack,
     npu_dynamic_quant,
     npu_grouped_matmul,
@@ -81,7 +82,7 @@ from ._llm_moe import (  # noqa: E402
     npu_quant_matmul,
     npu_trans_quant_param,
 )
-from ._llm_position import (  # noqa: E402
+from .ops.position import (  # noqa: E402
     npu_apply_rotary_pos_emb,
     npu_interleave_rope,
     npu_mrope,

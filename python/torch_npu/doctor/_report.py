@@ -39,7 +39,7 @@ class OpSummary:
         if not self.op.startswith("aten::"):
             return "custom npu op"
         # Under a chip profile an op the chip lacks may decompose into native kernels.
-        from .. import _ops_registry
+        from ..ops import registry as _ops_registry
         info = _ops_registry.get(self.op)
         return "decomposed" if info is not None and info.backend == "composite" else "npu kernel"
 

@@ -161,7 +161,7 @@ def _short(path):
 def _fate(op, profile):
     """"npu", "composite" (decomposes into other ops) or "cpu" for aten op ``op`` on ``profile``;
     None for an op the registry does not know."""
-    from .. import _ops_registry
+    from ..ops import registry as _ops_registry
     info = _ops_registry.get(op, profile=profile)
     return None if info is None else info.backend
 

@@ -28,7 +28,7 @@ Conventions shared by the attention operators:
 """
 import torch
 
-from ._formats import Format, get_npu_format
+from .formats import Format, get_npu_format
 
 __all__ = [
     "npu_prompt_flash_attention",
