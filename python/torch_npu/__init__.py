@@ -51,7 +51,7 @@ from .ops.custom import register_npu_op  # noqa: E402
 from . import optim  # noqa: E402
 from . import profiler  # noqa: E402
 from . import utils  # noqa: E402  (torch_npu.utils: the Ascend adapter's pickle function, for msprobe)
-from .ops.fusion_attention import npu_fusion_attention  # noqa: E402
+from .ops.attention import npu_fusion_attention  # noqa: E402
 from .ops.attention import (  # noqa: E402
     _npu_fused_infer_attention_score_get_max_workspace,
     _npu_fused_infer_attention_score_v2_get_max_workspace,
