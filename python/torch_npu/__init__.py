@@ -109,7 +109,7 @@ from ._compile.backend import compile  # noqa: E402
 _compile.install()  # torch.compile: the npu registers with dynamo/inductor when they load
 
 from . import distributed  # noqa: E402  (the "hccl" c10d backend for npu tensors)
-from . import _multiprocessing  # noqa: E402
+from .npu import _multiprocessing  # noqa: E402
 
 _multiprocessing.install()  # npu tensors sent to another process: a clear error, never a hang
 

@@ -17,14 +17,8 @@ from ._device import (
     get_sync_debug_mode,
     can_device_access_peer,
     clock_rate,
-    device_memory_used,
     init,
     is_tf32_supported,
-    list_gpu_processes,
-    memory_usage,
-    power_draw,
-    temperature,
-    utilization,
     list_profiles,
     is_available,
     is_initialized,
@@ -44,7 +38,10 @@ from . import utils  # noqa: E402  (torch_npu.npu.utils, the Ascend adapter's pa
 from ._msprobe_names import (  # noqa: E402  (the overflow-status names msprobe calls)
     clear_npu_overflow_flag, get_npu_overflow_flag, is_support_inf_nan, npu_check_overflow,
 )
+from ._monitoring import memory_usage, power_draw, temperature, utilization  # noqa: E402
 from .memory import (
+    device_memory_used,
+    list_gpu_processes,
     MemPool,
     caching_allocator_alloc,
     caching_allocator_delete,
@@ -100,7 +97,7 @@ from ._ascend import config, get_option, is_jit_compile_false, set_compile_mode,
 from .graphs import NPUGraph, graph, graph_pool_handle, is_current_stream_capturing, make_graphed_callables
 from . import amp  # noqa: E402
 from . import comm  # noqa: E402  (torch.npu.comm, as torch.cuda.comm)
-from torch_npu._multiprocessing import ipc_collect  # noqa: E402  (torch.cuda.ipc_collect's)
+from ._multiprocessing import ipc_collect  # noqa: E402  (torch.cuda.ipc_collect's)
 from ._deepspeed_names import _lazy_call, npurt  # noqa: E402  (what DeepSpeed's NPU_Accelerator calls)
 
 has_half = True   # float16 kernels, as torch.cuda.has_half

@@ -28,8 +28,10 @@ from multiprocessing.reduction import ForkingPickler
 import torch
 import torch.multiprocessing.reductions as _reductions  # registers torch's reducers first
 
-from . import _C
-from ._core import patches as _patches
+from torch_npu import _C
+from torch_npu._core import patches as _patches
+
+from .streams import Event, _InterprocessEvent
 
 GROUP = "multiprocessing"
 
@@ -138,7 +140,6 @@ def _refusing_npu_storage(reduce):
 
 
 def rebuild_event(device, handle):
-    from .npu.streams import Event
     return Event.from_ipc_handle(device, handle)
 
 
@@ -148,8 +149,6 @@ def reduce_event(event):
 
 
 def install() -> None:
-    from .npu.streams import Event
-
     reducers = ForkingPickler._extra_reducers
     for cls in (torch.Tensor, torch.nn.Parameter):
         if cls in reducers:
@@ -162,7 +161,6 @@ def install() -> None:
                           reason="torch's reducer shares any non-CUDA storage through host memory and fails with "
                                  "a lost item and a hung consumer for npu memory: npu storages are refused as CUDA "
                                  "storages are")
-    from .npu.streams import _InterprocessEvent
     for cls in (Event, _InterprocessEvent):  # the pickler looks up the exact class
         _patches.patch(reducers, cls, reduce_event, GROUP, checked=("2.13",), expects=_patches.ABSENT,
                        reason="torch.multiprocessing registers torch.cuda.Event's reducer only: torch.npu.Event "
