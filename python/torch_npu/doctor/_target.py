@@ -18,6 +18,8 @@ its major/minor split are the same from run to run.
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from ._findings import UNFLOORED, overflow_sites, rank_key, shown_path
+
 DEFAULT_TARGET = "ascend910b2"
 _MINOR_SHARE = 0.01       # a finding costing less than this share of the steps' projected time is minor
 
@@ -152,7 +154,6 @@ class Verdict:
 
 
 def _short(path):
-    from ._findings import shown_path
     return shown_path(path)
 
 
@@ -262,17 +263,6 @@ def verdict(run, target, exact):
     return out
 
 
-def overflow_sites(run):
-    """(file, line, calls) of float16 results past float16's range, most first."""
-    found = []
-    for s in run.sites:
-        if s.f16_overflows is not None:
-            n = int(s.f16_overflows.item())
-            if n:
-                found.append((s.file, s.line, n))
-    return sorted(found, key=lambda x: -x[2])
-
-
 # ---- each finding's cost there ----------------------------------------------------
 
 def projected_cost(finding, cost):
@@ -316,7 +306,6 @@ def rank(run, findings, target, exact):
     cost there (``Finding.projected_s``); minor: under _MINOR_SHARE of the steps' projected
     time. Findings whose cost is not time (wrong results, float64, memory growth, the
     chip's refusals and saturation, compilation) are never minor."""
-    from ._findings import UNFLOORED, rank_key
     from .._emu import profiles as _profiles
     out = verdict(run, target, exact)
     cost = _profiles.load(target).cost
