@@ -117,7 +117,7 @@ from ._core import exit as _exit  # noqa: E402
 
 _exit.install()  # backward runs on the npu's autograd thread, as on CUDA: drained at exit
 
-__version__ = "0.1.0"
+from ._core.version import __version__  # noqa: E402,F401
 
 # TORCH_TRANSFER_TO_NPU=1: a script written for CUDA runs on the npu with no change
 # at all, not even an import of torch_npu (torch imports this package through its

@@ -37,7 +37,7 @@ import torch
 import torch.profiler
 import torch.utils._device
 
-import torch_npu  # noqa: F401  (registers the npu device)
+# (Importing this module imports torch_npu first, its package: the npu device is registered.)
 from torch_npu._core import patches as _patches
 
 GROUP = "transfer_to_npu"
