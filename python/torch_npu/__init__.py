@@ -103,10 +103,10 @@ _install_fallback()
 from .npu import comm as _comm  # noqa: E402
 _comm.install()   # nn.DataParallel over npu devices: torch.nn.parallel.comm for npu tensors
 
-from . import _compile  # noqa: E402
+from ._compile import _hooks as _compile_hooks  # noqa: E402
 from ._compile.backend import compile  # noqa: E402
 
-_compile.install()  # torch.compile: the npu registers with dynamo/inductor when they load
+_compile_hooks.install()  # torch.compile: the npu registers with dynamo/inductor when they load
 
 from . import distributed  # noqa: E402  (the "hccl" c10d backend for npu tensors)
 from .npu import _multiprocessing  # noqa: E402

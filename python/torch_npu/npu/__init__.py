@@ -161,14 +161,15 @@ __all__ = [
 ]
 
 
-# Inductor's backend registration reads these from the device module (torch.npu)
-# when it first compiles: loaded then, not at import (inductor is heavy).
-_INDUCTOR_NAMES = {
-    "Scheduling": "Scheduling",
-    "PythonWrapperCodegen": "NpuWrapperCodegen",
-    "CppWrapperCodegen": "NpuCppWrapperCodegen",
-    "WrapperFxCodegen": "WrapperFxCodegen",
-}
+# Names a part of torch_npu above torch.npu provides, loaded when first read:
+# {name: loader(name) -> value}. torch_npu._compile provides inductor's (Scheduling and the
+# wrappers, which inductor's backend registration reads from the device module).
+_provided = {}
+
+
+def _provide(name, loader):
+    """Makes ``torch.npu.<name>`` read ``loader(name)`` (for torch_npu's own layers above torch.npu)."""
+    _provided[name] = loader
 
 
 def __getattr__(name):
@@ -177,8 +178,6 @@ def __getattr__(name):
         # stashes the device's RNG state only when it is true): live, so it is
         # true after init() and after the first npu use alike.
         return _C._is_initialized() and not _is_in_bad_fork()
-    if name in _INDUCTOR_NAMES:
-        from torch_npu._compile import _codegen
-        _codegen.register()
-        return getattr(_codegen, _INDUCTOR_NAMES[name])
+    if name in _provided:
+        return _provided[name](name)
     raise AttributeError(f"module 'torch.npu' has no attribute {name!r}")
