@@ -23,6 +23,7 @@ import json, os, re, sys, tempfile
 import torch, torch_npu
 from torch_npu.profiler import ProfilerActivity, analyse, profile
 from torch_npu.profiler._analyse import projections
+torch_npu.profiler.enable_npu_column_aliases()   # sort_by="npu_time_total" below: the opt-in names
 
 ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.NPU]
 NPU, CPU = torch.autograd.DeviceType.PrivateUse1, torch.autograd.DeviceType.CPU

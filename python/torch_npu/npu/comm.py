@@ -140,5 +140,6 @@ def install() -> None:
 
     for name in ours:
         _patches.wrap(pytorch_comm, name, routed(name), "comm", checked=("2.13",), expects=expects[name],
-                      reason="torch.nn.parallel.comm calls C++ collectives built for CUDA only; npu tensors "
+                      reason="torch.nn.parallel.comm calls C++ collectives built for CUDA only (it imports "
+                             "torch.cuda.nccl) and has no extension point for another device: npu tensors "
                              "(nn.DataParallel over npu devices) are copied between devices here instead")
