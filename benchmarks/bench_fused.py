@@ -83,7 +83,7 @@ def measure(fn, inputs, backward, iters, repeats):
     return best_time(step, iters, repeats)
 
 
-# ---- the LLM positional ops (torch_npu/_llm_position.py) --------------------------------------------
+# ---- the LLM positional ops (torch_npu/ops/position.py) ----------------------------------------------
 
 def _rope_tables(rows, dim, dtype=torch.float32):
     """Unit-magnitude cos/sin (real rotations), so in-place repeats keep the values finite."""

@@ -54,7 +54,7 @@ def child_models(models, warmup, steps):
     sys.path.insert(0, os.path.join(HERE, "..", "examples"))
     import zoo
 
-    out = {"profile": torch_npu._profiles.active().name, "models": {}}
+    out = {"profile": torch_npu._emu.profiles.active().name, "models": {}}
     for name in models:
         model, make_batch, loss_fn = zoo.build(name, device="npu", batch=8)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

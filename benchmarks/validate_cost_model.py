@@ -31,7 +31,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import torch_npu  # noqa: E402,F401
-from torch_npu import _profiles  # noqa: E402
+from torch_npu._emu import profiles as _profiles  # noqa: E402
 from torch_npu.profiler import ProfilerActivity, profile  # noqa: E402
 from torch_npu.profiler import _analyse, _projection  # noqa: E402
 

@@ -424,6 +424,9 @@ def test_inductors_cache_keys_carry_the_npu_codegens_version():
 
     torch.compile(lambda a: a + 1)(torch.ones(2, device="npu"))
     registered = common.custom_backend_passes.get("npu")
-    expected = hashlib.sha256(pathlib.Path(_codegen.__file__).read_bytes()).hexdigest()
+    from torch_npu._compile import _host_codegen
+    sources = [pathlib.Path(_codegen.__file__), pathlib.Path(_host_codegen.__file__)]   # what decides the code
+    assert list(_codegen.SOURCES) == sources
+    expected = hashlib.sha256(b"".join(path.read_bytes() for path in sources)).hexdigest()
     assert registered is not None and registered.uuid() == expected
     assert common.get_scheduling_for_device("npu") is _codegen.Scheduling

@@ -113,15 +113,32 @@ def test_wrapping_a_stream_checks_that_it_exists():
 
 @pytest.mark.parametrize("bad", [None, 3, ["add"], torch.add])
 def test_registry_refuses_names_that_are_no_strings(bad):
-    registry = torch_npu._ops_registry
+    registry = torch_npu.ops.registry
     for ask in (registry.get, registry.contains, registry.backends_for_op):
         with pytest.raises(TypeError, match="name=") as raised:
             ask(bad)
-        assert "torch_npu/_ops_registry" not in str(raised.value)
+        assert "torch_npu/ops/registry" not in str(raised.value)
+
+
+def test_the_documented_private_paths_are_the_new_modules(run_python):
+    """torch_npu._ops_registry (the README's name, and csrc/dispatch/fallback.cpp's message) is
+    torch_npu.ops.registry, and torch_npu._patches is the ledger, torch_npu._core.patches: the
+    same module objects, importable first thing in a fresh interpreter."""
+    proc = run_python("""
+        import importlib
+        import torch_npu._ops_registry
+        from torch_npu import _patches
+        import torch_npu
+        assert torch_npu._ops_registry is importlib.import_module("torch_npu.ops.registry")
+        assert torch_npu._ops_registry.get("add").backend == "npu"
+        assert _patches is importlib.import_module("torch_npu._patches") is torch_npu._core.patches
+        print("OK")
+    """)
+    assert last_line(proc) == "OK"
 
 
 def test_registry_takes_operator_objects():
-    registry = torch_npu._ops_registry
+    registry = torch_npu.ops.registry
     assert registry.get(torch.ops.aten.add.Tensor) == registry.get("aten::add.Tensor")
     assert registry.get(torch.ops.aten.exp).name == "aten::exp"
 
@@ -196,7 +213,7 @@ def test_random_ops_without_a_generator_argument_are_given_the_npus_draw():
         if any(isinstance(a.type, torch._C.OptionalType) and "Generator" in str(a.type) or
                "Generator" == str(a.type) for a in op._schema.arguments):
             continue
-        resolved = torch_npu._ops_registry.get(name)
+        resolved = torch_npu.ops.registry.get(name)
         if resolved.backend not in ("npu", "cpu") or name in given:
             continue
         if name not in draws_nothing:

@@ -1,4 +1,4 @@
-"""User operators: torch_npu._ops_registry.register and @register_npu_op.
+"""User operators: torch_npu.ops.registry.register and @register_npu_op.
 
 Ops are process-wide, so each test registers names of its own.
 """
@@ -10,7 +10,7 @@ import torch
 import torch_npu
 from torch_npu import register_npu_op
 
-registry = torch_npu._ops_registry
+registry = torch_npu.ops.registry
 
 
 class MatMul(torch.autograd.Function):
@@ -149,7 +149,7 @@ def test_saved_script_loads_in_a_new_process(tmp_path, run_python):
     module = tmp_path / "my_ops.py"
     module.write_text(textwrap.dedent("""
         import torch, torch_npu
-        torch_npu._ops_registry.register(name="saved_op", impl=lambda x: x * 3 + 1)
+        torch_npu.ops.registry.register(name="saved_op", impl=lambda x: x * 3 + 1)
 
         class M(torch.nn.Module):
             def forward(self, x):
@@ -273,7 +273,7 @@ import threading, time, torch, torch_npu
 def slow(x):
     time.sleep(0.01)          # Python work that needs the GIL
     return x + 1
-torch_npu._ops_registry.register(name="slow_cpu_op", impl=slow, device="cpu")
+torch_npu.ops.registry.register(name="slow_cpu_op", impl=slow, device="cpu")
 results = []
 def worker():
     for _ in range(20):

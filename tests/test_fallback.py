@@ -19,7 +19,7 @@ from torch.testing import assert_close
 
 import torch_npu
 from torch_npu import NPUFallbackMode, NPUOpsFallback
-from torch_npu import _ops_registry as registry
+from torch_npu.ops import registry
 
 from conftest import requires_two_devices
 from helpers import last_line
@@ -332,7 +332,7 @@ def test_env_fallback_ops(run_python):
                           "ops": {k: v.count for k, v in s.ops.items()},
                           "exp_ok": bool(torch.allclose(e.cpu(), x.cpu().exp())),
                           "isin_ok": int(m.sum().item()), "isin_device": str(m.device),
-                          "exp_backend": torch_npu._ops_registry.get("exp").backend}))
+                          "exp_backend": torch_npu.ops.registry.get("exp").backend}))
     """, env={"NPU_FALLBACK_OPS": "exp, torch.isin"})
     out = json.loads(last_line(proc))
     assert out["policies"] == {"aten::exp": "cpu", "aten::isin": "cpu"}

@@ -1,4 +1,4 @@
-"""The attention operators of LLM serving (torch_npu/_llm_attention.py) against a
+"""The attention operators of LLM serving (torch_npu/ops/attention.py) against a
 reference composition: softmax(q k^T * scale + mask) v per head in float32, GQA by
 repeat_interleave; layouts, masks, sparse modes, actual lengths, paged KV caches,
 the cache scatter/gather, npu_fusion_attention_grad against autograd, torch.compile."""

@@ -866,7 +866,7 @@ with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.NPU]) as prof:
     torch_npu.npu_grouped_matmul([xf], [w], group_list=group_list, group_type=0, split_item=3)
     torch_npu.npu_dynamic_quant(xf)
     torch.npu.synchronize()
-print(json.dumps({"cost": torch_npu._profiles.active().cost,
+print(json.dumps({"cost": torch_npu._emu.profiles.active().cost,
                   "projected": {p.name: p.projected_ns for p in projections(prof)}}))
 """
 

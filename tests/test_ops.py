@@ -21,7 +21,7 @@ from torch.testing import assert_close
 import torch_npu
 
 Fallback = torch_npu.NPUFallbackMode
-registry = torch_npu._ops_registry
+registry = torch_npu.ops.registry
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
 LAYOUTS = ["contiguous", "transposed", "strided"]

@@ -1,10 +1,12 @@
 """torch_npu._patches: every change can be undone, by group, whatever the order; every
 change says why, against which torch it was checked and what PyTorch's object looks like."""
+import json
 import types
 
 import pytest
 
 from torch_npu import _patches
+from helpers import last_line
 
 # The keyword arguments every change carries (a synthetic target: any description does).
 WHY = dict(reason="a test", checked=("2.13",))
@@ -124,7 +126,7 @@ def problems():
 with Doctor(profile=False):                            # the doctor group, while a Doctor runs
     groups = {entry.group for entry in _patches.ledger()}
     assert groups >= {"host_execution", "profiler", "distributed", "multiprocessing", "compile",
-                      "transfer_to_npu", "doctor"}, groups
+                      "transfer_to_npu", "profiler_aliases", "doctor"}, groups
     assert problems() == [], "\n".join(problems())
     print("entries", len(_patches.ledger()))
 
@@ -166,8 +168,13 @@ def test_compile_and_profiler_changes_are_undone_by_their_groups(run_python):
         from torch_npu import _patches
         profiler_changes = _patches.applied("profiler")
         assert "profiler: profile.__init__" in profiler_changes, profiler_changes
-        assert "profiler: FunctionEvent.npu_time_total" in profiler_changes, profiler_changes
-        assert "profiler: FunctionEventAvg.self_npu_time_total" in profiler_changes, profiler_changes
+        assert not hasattr(FunctionEvent, "npu_time_total") and _patches.applied("profiler_aliases") == []
+        torch_npu.profiler.enable_npu_column_aliases()          # the npu_* column names: opt-in
+        torch_npu.profiler.enable_npu_column_aliases()          # (once)
+        alias_changes = _patches.applied("profiler_aliases")
+        assert len(alias_changes) == 10, alias_changes
+        assert "profiler_aliases: FunctionEvent.npu_time_total" in alias_changes, alias_changes
+        assert "profiler_aliases: FunctionEventAvg.self_npu_time_total" in alias_changes, alias_changes
 
         # Loading dynamo registers the backend (import hook); inductor's own objects are changed at the
         # first npu compilation (inductor's backend registration reads torch.npu.Scheduling).
@@ -203,6 +210,7 @@ def test_compile_and_profiler_changes_are_undone_by_their_groups(run_python):
 
         assert _patches.undo("compile") == len(compile_changes) and _patches.applied("compile") == []
         assert _patches.undo("profiler") == len(profiler_changes) and _patches.applied("profiler") == []
+        assert _patches.undo("profiler_aliases") == 10 and _patches.applied("profiler_aliases") == []
 
         def changed(was, now):
             return sorted(str(k) for k in set(was) | set(now) if was.get(k, None) is not now.get(k, None))
@@ -224,3 +232,31 @@ def test_compile_and_profiler_changes_are_undone_by_their_groups(run_python):
         print("OK")
     """, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}, timeout=600)
     assert "OK" in proc.stdout
+
+
+# What a plain ``import torch_npu`` changes, by group: every entry is one the npu cannot do
+# without (PyTorch has no extension point for it, which its reason says). A new default-path
+# change must be added here on purpose; compatibility features are opt-in (transfer_to_npu,
+# torch_npu.profiler.enable_npu_column_aliases()).
+DEFAULT_PATH = {
+    "host_execution": 1,    # the CPU allocator wrapper _C installs as it loads
+    "profiler": 8,          # use_device="npu" through Kineto (1), the chip projections (7)
+    "comm": 6,              # torch.nn.parallel.comm for npu tensors (nn.DataParallel)
+    "distributed": 1,       # c10d's default-backend marking
+    "multiprocessing": 6,   # torch.multiprocessing's reducers
+    "autograd": 1,          # the exit drain's use of the engine
+}
+
+
+def test_import_makes_only_the_default_path_changes(run_python):
+    proc = run_python("""
+        import collections, json
+        import torch, torch_npu
+        from torch_npu import _patches
+        from torch.autograd.profiler_util import FunctionEvent
+        entries = _patches.ledger()
+        assert all(e.reason and "\\n" not in e.reason for e in entries)
+        assert not hasattr(FunctionEvent, "npu_time_total")          # the npu_* names: opt-in
+        print(json.dumps(collections.Counter(e.group for e in entries)))
+    """, env={"TORCH_TRANSFER_TO_NPU": None})
+    assert json.loads(last_line(proc)) == DEFAULT_PATH

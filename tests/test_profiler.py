@@ -12,6 +12,8 @@ import torch_npu
 from torch_npu.profiler import ProfilerActivity, profile, schedule
 
 ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.NPU]
+# The tests read the Ascend adapter's npu_* column names too, which are opt-in.
+torch_npu.profiler.enable_npu_column_aliases()
 
 
 def mlp():
@@ -109,6 +111,7 @@ def test_work_on_stream_workers_is_timed_there_and_reports_memory(run_python):
     run_python("""
         import torch, torch_npu
         from torch_npu.profiler import profile, ProfilerActivity
+        torch_npu.profiler.enable_npu_column_aliases()   # the npu_* column names
         NPU = torch.autograd.DeviceType.PrivateUse1
         x = torch.randn(64, 64).npu()
         torch.npu.synchronize()

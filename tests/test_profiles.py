@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torch_npu
-from torch_npu import _profiles
+from torch_npu._emu import profiles as _profiles
 
 from helpers import last_line, run_python
 
@@ -135,7 +135,7 @@ def test_unknown_profile_is_a_clear_error():
 # ---- the support set ----------------------------------------------------------
 
 def test_registry_answers_for_any_profile_without_switching():
-    registry = torch_npu._ops_registry
+    registry = torch_npu.ops.registry
     assert registry.get("_transformer_encoder_layer_fwd").backend == "npu"  # generic: the op library has it
     chip = registry.get("_transformer_encoder_layer_fwd", profile="ascend910b2")
     assert chip.backend == "cpu" and "npu" not in chip.backends
@@ -158,7 +158,7 @@ def test_registry_answers_for_any_profile_without_switching():
 SUPPORT_SET = r"""
 import json, torch, torch_npu
 from torch_npu import NPUFallbackMode
-registry = torch_npu._ops_registry
+registry = torch_npu.ops.registry
 NPUFallbackMode.reset_fallback_stats()
 layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).npu().eval()
 with torch.no_grad():
@@ -217,7 +217,7 @@ for kind in ("gpt", "resnet", "vit"):
     with Ops() as ops:
         step(model, make_batch, loss_fn)
     fell_back = sorted(NPUFallbackMode.get_fallback_stats().ops)
-    predicted = sorted(name for name in ops.seen if torch_npu._ops_registry.get(name).backend == "cpu")
+    predicted = sorted(name for name in ops.seen if torch_npu.ops.registry.get(name).backend == "cpu")
     result[kind] = {"fell_back": fell_back, "predicted": predicted}
 print(json.dumps(result))
 """
@@ -411,7 +411,7 @@ cell = torch.nn.LSTMCell(4, 4).npu()
 h, _ = cell(torch.randn(2, 4, device="npu"))
 h.sum().backward()
 torch_npu.set_fallback_mode("auto")
-reg = torch_npu._ops_registry
+reg = torch_npu.ops.registry
 out["registry"] = {op: reg.get(op).backend for op in
                    ("_thnn_fused_lstm_cell", "_copy_from", "view_as_real", "heaviside", "gelu",
                     "_scaled_dot_product_flash_attention_for_cpu")}
@@ -534,7 +534,7 @@ def test_the_cost_model_is_validated_on_other_measurements_than_its_calibration(
     table = doc.split("<!-- validation table: benchmarks/validate_cost_model.py -->")[1].split(
         "<!-- end of the validation table -->")[0]
     rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    sources = torch_npu._profiles.sources()
+    sources = torch_npu._emu.profiles.sources()
     calibrated, validated = {}, []
     for role, measurement, published, projected, error, source in rows:
         key = _re.search(r"\[([a-z0-9-]+)\]\(", source).group(1)
@@ -549,8 +549,8 @@ def test_the_cost_model_is_validated_on_other_measurements_than_its_calibration(
     assert not set(calibrated.values()) & set(validated)
     assert len(validated) >= 20
     # Each figure a profile calls calibrated has its calibration row, from the source it names.
-    for name in torch_npu._profiles.names():
-        for figure, f in (torch_npu._profiles.load(name).cost_figures or {}).items():
+    for name in torch_npu._emu.profiles.names():
+        for figure, f in (torch_npu._emu.profiles.load(name).cost_figures or {}).items():
             if f.basis == "calibrated":
                 assert figure in calibrated and calibrated[figure][0] == f.source, (name, figure)
             assert f.source in sources and f.figure

@@ -514,9 +514,9 @@ def test_npu_stream_context_with_a_cpu_stream_says_so():
 
 @pytest.mark.parametrize("name", ["", "aten::", ".", "::", "torch.ops."])
 def test_registry_answers_for_names_that_are_no_operator(name):
-    assert torch_npu._ops_registry.get(name) is None
-    assert torch_npu._ops_registry.contains(name) is False
-    assert torch_npu._ops_registry.backends_for_op(name) == []
+    assert torch_npu.ops.registry.get(name) is None
+    assert torch_npu.ops.registry.contains(name) is False
+    assert torch_npu.ops.registry.backends_for_op(name) == []
 
 
 def test_unknown_op_policy_suggests_the_closest_names():

@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 import torch.utils._pytree
 
-from .. import _C, _patches
+from .. import _C
+from .._core import patches as _patches
 from . import GROUP
 
 _npu = torch.ops.npu

@@ -14,11 +14,15 @@ shapes captures again (one graph per shape set). A graph that mutates its inputs
 or that cannot be captured (an op whose output shape depends on the data, a host
 read), runs as compiled without a graph, with one warning saying why.
 """
+import functools
 import warnings
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
+
+from .._core import patches as _patches
+from . import GROUP
 
 __all__ = ["npugraphs"]
 
@@ -99,7 +103,7 @@ class _Replayer:
 def npu_graph_policy():
     """Inductor's CUDA-graph policy with the npu's graphs for npu code (installed as
     ``torch._inductor.config.cudagraph_policy`` when inductor loads; other devices get
-    inductor's own cudagraph trees)."""
+    inductor's own cudagraph trees, install())."""
     from torch._inductor.cudagraph_utils import CUDAGraphPolicy
 
     class NPUGraphPolicy(CUDAGraphPolicy):
@@ -113,6 +117,36 @@ def npu_graph_policy():
             return replayer   # inductor calls it with the list of inputs
 
     return NPUGraphPolicy()
+
+
+def install():
+    """mode="reduce-overhead" replays npu graphs: inductor wraps compiled code through its
+    CUDA-graph policy (npu_graph_policy(), for npu code) once its device check lets a graph
+    on one npu device through. Run once, when inductor first registers the npu (_codegen);
+    both changes go through torch_npu._patches in the group "compile"."""
+    from torch._inductor import config, cudagraph_utils
+
+    if config.cudagraph_policy is None:   # (a policy of the user's stays: npu code then runs without graphs)
+        config.cudagraph_policy = npu_graph_policy()   # through the config module's own setter
+        _patches.record("torch._inductor.config.cudagraph_policy = NPUGraphPolicy()", group=GROUP, checked=("2.13",),
+                        undo=lambda: setattr(config, "cudagraph_policy", None),
+                        reason="inductor wraps compiled code in graphs through this policy, its one hook for a "
+                               "device's graphs; the npu's replays npu graphs for npu code and leaves other devices "
+                               "to inductor's cudagraph trees")
+
+    def one_npu_device_passes(original):
+        @functools.wraps(original)
+        def check(device_node_mapping):
+            devices = {d for d in device_node_mapping if d.type != "meta"}
+            if len(devices) == 1 and next(iter(devices)).type == "npu":
+                return None
+            return original(device_node_mapping)
+        return check
+
+    _patches.wrap(cudagraph_utils, "check_multiple_devices_or_any_cpu_nodes", one_npu_device_passes, GROUP,
+                  checked=("2.13",), expects="(device_node_mapping)",
+                  reason="inductor's check that a graph may be captured accepts a single cuda device only, with no "
+                         "hook for another device: a graph on one npu device may be captured too")
 
 
 def npugraphs(gm, example_inputs):

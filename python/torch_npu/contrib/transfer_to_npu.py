@@ -27,6 +27,10 @@ PyTorch's object is expected to be, and nothing found by searching modules: a
 name PyTorch renames or adds shows up in tests/test_transfer_to_npu.py. Every
 change goes through :mod:`torch_npu._patches` in the group ``"transfer_to_npu"``:
 ``torch_npu._patches.undo("transfer_to_npu")`` takes them all back.
+
+Scripts run unchanged may also read the Ascend adapter's ``npu_*`` names of the
+profiler's device columns (``npu_time_total``): the import turns them on too
+(``torch_npu.profiler.enable_npu_column_aliases()``, group ``"profiler_aliases"``).
 """
 import functools
 import importlib
@@ -37,8 +41,9 @@ import torch
 import torch.profiler
 import torch.utils._device
 
-import torch_npu  # noqa: F401  (registers the npu device)
-from torch_npu import _patches
+# (Importing this module imports torch_npu first, its package: the npu device is registered.)
+from torch_npu._core import patches as _patches
+from torch_npu.profiler import enable_npu_column_aliases
 
 GROUP = "transfer_to_npu"
 CHECKED = ("2.13",)   # the torch versions every change below was checked against (torch_npu._patches)
@@ -148,7 +153,7 @@ CUDA_AMP_NAMES = {"autocast": CLASS, "GradScaler": CLASS, "custom_fwd": "(fwd=No
 DEVICE_INDEX_HELPERS = {
     ("torch_npu.npu._device", "_get_device_index", "(device, optional=True)"): (
         "torch_npu.npu._device", "torch_npu.npu", "torch_npu.npu.memory", "torch_npu.npu.random",
-        "torch_npu.npu.streams", "torch_npu.npu.comm"),
+        "torch_npu.npu.streams", "torch_npu.npu.comm", "torch_npu.npu._monitoring"),
     ("torch.accelerator._utils", "_get_device_index", "(device, optional=False)"): (
         "torch.accelerator._utils", "torch.accelerator", "torch.accelerator.memory"),
 }
@@ -460,6 +465,7 @@ def apply():
     _device_index_helpers_take_cuda()
     _redirect_torch_cuda()
     _redirect_profiler_activities()
+    enable_npu_column_aliases()   # the Ascend adapter's npu_* column names: its own group
     _redirect_amp()
     _redirect_nccl()
 

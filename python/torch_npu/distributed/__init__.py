@@ -25,7 +25,8 @@ import types
 import torch
 import torch.distributed as dist
 
-from .. import _C, _patches
+from .. import _C
+from .._core import patches as _patches
 
 BACKEND = "hccl"
 ALIAS = "npu_gloo"   # the descriptive name: Gloo for npu tensors
@@ -114,7 +115,8 @@ def _default_to_the_npu_backend():
                   expects="(group_size, group_rank, global_ranks_in_group, backend, store, group_name, "
                           "backend_options=None, timeout=None, pg_tag=None, device_id=None, group_desc=None)",
                   reason="c10d marks a group's default backend only for NCCL or Gloo (a plugin's upper-case key "
-                         "never matches), so a group of the npu's backend warns at teardown that it has none")
+                         "never matches) and has no hook for a plugin to be marked, so a group of the npu's "
+                         "backend would warn at teardown that it has none")
 
 
 def _register():

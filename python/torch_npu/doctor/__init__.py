@@ -38,7 +38,7 @@ import weakref
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from .. import _patches
+from .._core import patches as _patches
 from .. import fallback as _fallback
 from . import _compiled, _findings, _monitor, _quiet
 from ._compare import Comparator
@@ -112,7 +112,7 @@ class Doctor:
         self._stats_before = _fallback.NPUFallbackMode.get_fallback_stats()
         self._compile_before = _compiled.snapshot()
         self._comparator = Comparator() if self.compare else None
-        from .. import _profiles
+        from .._emu import profiles as _profiles
         saturating = [_profiles.load(t) for t in [self.target, *self.also_targets] if t is not None]
         self.monitor = _monitor.Monitor(self._comparator, watch_overflow=any(not c.inf_nan for c in saturating)
                                         or not _profiles.active().inf_nan)
@@ -223,7 +223,7 @@ class Doctor:
         self.run.loop = self.monitor.primary_loop if self.clock == "loop" else None
         self.run.compile = _compiled.delta(self._compile_before, _compiled.snapshot())
         self.run.target = self.target
-        from .. import _profiles
+        from .._emu import profiles as _profiles
         active = _profiles.active().name
         if self.target is not None:
             self.run.target_name = self._chip.device_name
@@ -352,7 +352,7 @@ class Doctor:
                 prof.stop()
             if prof.step_num < 3:   # the window (steps 2-4) never opened
                 return None
-            from .. import _profiles
+            from .._emu import profiles as _profiles
             from ..profiler import _analyse, _projection, analyse
             # The host time of an op that launches nothing, as the doctor measured it (its
             # own dispatch mode adds to the profiler's figure for every op).
@@ -388,7 +388,7 @@ class Doctor:
 
 def _check_target(name):
     """The chip profile ``name`` (a ValueError naming the chips when it is none)."""
-    from .. import _profiles
+    from .._emu import profiles as _profiles
     chip = _profiles.load(name)
     if chip.cost is None:
         raise ValueError(f"device profile {name!r} is no chip; pick one of "

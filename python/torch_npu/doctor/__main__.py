@@ -67,7 +67,7 @@ def _targets(options):
     """The chip the script runs as (None: no verdict) and the other chips to answer for; the
     npu is set to emulate the target before its first use. ValueError names a bad profile."""
     import torch
-    from .. import _profiles
+    from .._emu import profiles as _profiles
     from . import _check_target
     named = options.target
     if named is None:

@@ -137,7 +137,7 @@ _FALLBACK_REMEDY = {
 def _no_kernel_on_chip(op):
     """Under a chip profile, for an op the chip lacks: the remedy, naming the chips that have it.
     None for an op in the chip's list (the emulator lacks its kernel, not the chip)."""
-    from .. import _profiles
+    from .._emu import profiles as _profiles
     chip = _profiles.active()
     name = op[len("aten::"):] if op.startswith("aten::") else op
     if not chip.is_chip or chip.native_ops is None or name in chip.native_ops:
@@ -590,13 +590,23 @@ def _memory_findings_with_snapshot(run):
     return found
 
 
+def overflow_sites(run):
+    """(file, line, calls) of float16 results past float16's range, most first."""
+    found = []
+    for s in run.sites:
+        if s.f16_overflows is not None:
+            n = int(s.f16_overflows.item())
+            if n:
+                found.append((s.file, s.line, n))
+    return sorted(found, key=lambda x: -x[2])
+
+
 def _overflow_findings(run):
     """float16 results past its range on a target that saturates them to +-65504 instead of
     giving inf (910A, 310P): on the chip they are wrong finite numbers, silently."""
     chip = getattr(run, "saturating_chip", None)
     if chip is None:
         return []
-    from ._target import overflow_sites
     sites = {(s.file, s.line): s for s in run.sites}
     found = overflow_sites(run)
     if not found:

@@ -2,7 +2,7 @@
 (matplotlib, drawn off-screen and embedded as PNG), no external resources."""
 import html
 
-from ._report import CLEAN, cost_text, other_locations_text, png_base64
+from ._text import CLEAN, cost_text, other_locations_text, png_base64
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }

@@ -3,9 +3,7 @@
 ``Run`` is everything a finished run measured (what the rules read); ``Report``
 presents a run. The JSON follows ``report.schema.json`` (schema "torch_npu.doctor/1").
 """
-import base64
 import datetime
-import io
 import json
 import math
 import os
@@ -15,7 +13,9 @@ from typing import Dict, List, Optional
 import torch
 
 from ..fallback import OpFallbackStats
+from . import _html
 from ._findings import shown_path
+from ._text import CLEAN, CLEAN_ON, _size, cost_text, other_locations_text
 
 SCHEMA = "torch_npu.doctor/1"
 SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report.schema.json")
@@ -39,7 +39,7 @@ class OpSummary:
         if not self.op.startswith("aten::"):
             return "custom npu op"
         # Under a chip profile an op the chip lacks may decompose into native kernels.
-        from .. import _ops_registry
+        from ..ops import registry as _ops_registry
         info = _ops_registry.get(self.op)
         return "decomposed" if info is not None and info.backend == "composite" else "npu kernel"
 
@@ -141,36 +141,6 @@ def _refusal(error):
             where = (name, tb.tb_lineno)
         tb = tb.tb_next
     return None if where is None else (*where, str(error))
-
-
-def _size(n):
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-
-
-def _time(s):
-    return f"{s * 1e3:.1f} ms" if s < 10 else f"{s:.1f} s"
-
-
-CLEAN = ("No problems found: no CPU fallbacks, copies or syncs in the loop, launch-bound lines, float64 or "
-         "memory growth.")
-CLEAN_ON = ("No problems found on {chip}: no CPU fallbacks, refused dtypes or float16 overflow there, no copies or "
-            "syncs in the loop, launch-bound lines, float64 or memory growth.")
-
-
-def cost_text(finding, chip=None):
-    """"9.8 ms, 24.0 MiB; 31 ms projected on Ascend910B2", each part left out when zero."""
-    parts = (_time(finding.seconds) if finding.seconds else "", _size(finding.bytes) if finding.bytes else "")
-    text = ", ".join(p for p in parts if p)
-    if chip and finding.projected_s:
-        text += ("; " if text else "") + f"{_time(finding.projected_s)} projected on {chip}"
-    return text
-
-
-def other_locations_text(finding, k=5):
-    return ", ".join(f"{shown_path(p)}:{n}" for p, n in finding.other_locations[:k])
 
 
 class Report:
@@ -322,7 +292,6 @@ class Report:
     # ---- html ----
 
     def to_html(self, path):
-        from . import _html
         with open(path, "w") as f:
             f.write(_html.render(self))
 
@@ -343,9 +312,3 @@ def _finite(value):
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
-
-
-def png_base64(figure):
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
-    return base64.b64encode(buffer.getvalue()).decode("ascii")

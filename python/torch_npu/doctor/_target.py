@@ -18,6 +18,8 @@ its major/minor split are the same from run to run.
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from ._findings import UNFLOORED, overflow_sites, rank_key, shown_path
+
 DEFAULT_TARGET = "ascend910b2"
 _MINOR_SHARE = 0.01       # a finding costing less than this share of the steps' projected time is minor
 
@@ -152,7 +154,6 @@ class Verdict:
 
 
 def _short(path):
-    from ._findings import shown_path
     return shown_path(path)
 
 
@@ -161,14 +162,14 @@ def _short(path):
 def _fate(op, profile):
     """"npu", "composite" (decomposes into other ops) or "cpu" for aten op ``op`` on ``profile``;
     None for an op the registry does not know."""
-    from .. import _ops_registry
+    from ..ops import registry as _ops_registry
     info = _ops_registry.get(op, profile=profile)
     return None if info is None else info.backend
 
 
 def _cross_fallbacks(run, target):
     """The run's ops as ``target`` would run them: (fallbacks, reasons it is not exact)."""
-    from .. import _profiles
+    from .._emu import profiles as _profiles
     here = _profiles.active().name
     calls_at = {}
     for site in run.sites:
@@ -220,7 +221,7 @@ def _run_fallbacks(run):
 
 def verdict(run, target, exact):
     """The section for chip profile ``target`` of a finished run; ``exact``: the npu emulated it."""
-    from .. import _profiles
+    from .._emu import profiles as _profiles
     chip = _profiles.load(target)
     out = Verdict(target=target, device_name=chip.device_name, exact=exact)
     out.figures = {k: f"{f.value:g} ({f.label})" for k, f in (chip.cost_figures or {}).items()}
@@ -260,17 +261,6 @@ def verdict(run, target, exact):
         out.steps = max(run.profile.get("steps", 1), 1)
         out.step = per_step(window, out.steps)
     return out
-
-
-def overflow_sites(run):
-    """(file, line, calls) of float16 results past float16's range, most first."""
-    found = []
-    for s in run.sites:
-        if s.f16_overflows is not None:
-            n = int(s.f16_overflows.item())
-            if n:
-                found.append((s.file, s.line, n))
-    return sorted(found, key=lambda x: -x[2])
 
 
 # ---- each finding's cost there ----------------------------------------------------
@@ -316,8 +306,7 @@ def rank(run, findings, target, exact):
     cost there (``Finding.projected_s``); minor: under _MINOR_SHARE of the steps' projected
     time. Findings whose cost is not time (wrong results, float64, memory growth, the
     chip's refusals and saturation, compilation) are never minor."""
-    from ._findings import UNFLOORED, rank_key
-    from .. import _profiles
+    from .._emu import profiles as _profiles
     out = verdict(run, target, exact)
     cost = _profiles.load(target).cost
     floor = _MINOR_SHARE * step_cost(run, out, cost)

@@ -2,6 +2,7 @@
 import torch
 
 from torch_npu import _C
+from torch_npu._emu import profiles as _profiles
 
 from ._device import (
     current_device,
@@ -16,14 +17,8 @@ from ._device import (
     get_sync_debug_mode,
     can_device_access_peer,
     clock_rate,
-    device_memory_used,
     init,
     is_tf32_supported,
-    list_gpu_processes,
-    memory_usage,
-    power_draw,
-    temperature,
-    utilization,
     list_profiles,
     is_available,
     is_initialized,
@@ -43,7 +38,10 @@ from . import utils  # noqa: E402  (torch_npu.npu.utils, the Ascend adapter's pa
 from ._msprobe_names import (  # noqa: E402  (the overflow-status names msprobe calls)
     clear_npu_overflow_flag, get_npu_overflow_flag, is_support_inf_nan, npu_check_overflow,
 )
+from ._monitoring import memory_usage, power_draw, temperature, utilization  # noqa: E402
 from .memory import (
+    device_memory_used,
+    list_gpu_processes,
     MemPool,
     caching_allocator_alloc,
     caching_allocator_delete,
@@ -99,7 +97,7 @@ from ._ascend import config, get_option, is_jit_compile_false, set_compile_mode,
 from .graphs import NPUGraph, graph, graph_pool_handle, is_current_stream_capturing, make_graphed_callables
 from . import amp  # noqa: E402
 from . import comm  # noqa: E402  (torch.npu.comm, as torch.cuda.comm)
-from torch_npu._multiprocessing import ipc_collect  # noqa: E402  (torch.cuda.ipc_collect's)
+from ._multiprocessing import ipc_collect  # noqa: E402  (torch.cuda.ipc_collect's)
 from ._deepspeed_names import _lazy_call, npurt  # noqa: E402  (what DeepSpeed's NPU_Accelerator calls)
 
 has_half = True   # float16 kernels, as torch.cuda.has_half
@@ -129,7 +127,6 @@ def get_amp_supported_dtype():
 def is_bf16_supported(including_emulation: bool = True) -> bool:
     """Whether the chip computes in bfloat16: False under the 910A and 310P profiles, which have no
     bfloat16 units (npu ops on bfloat16 tensors raise there). Nothing emulates bfloat16 on them."""
-    from torch_npu import _profiles
     return _profiles.active().bfloat16
 
 
@@ -164,14 +161,15 @@ __all__ = [
 ]
 
 
-# Inductor's backend registration reads these from the device module (torch.npu)
-# when it first compiles: loaded then, not at import (inductor is heavy).
-_INDUCTOR_NAMES = {
-    "Scheduling": "Scheduling",
-    "PythonWrapperCodegen": "NpuWrapperCodegen",
-    "CppWrapperCodegen": "NpuCppWrapperCodegen",
-    "WrapperFxCodegen": "WrapperFxCodegen",
-}
+# Names a part of torch_npu above torch.npu provides, loaded when first read:
+# {name: loader(name) -> value}. torch_npu._compile provides inductor's (Scheduling and the
+# wrappers, which inductor's backend registration reads from the device module).
+_provided = {}
+
+
+def _provide(name, loader):
+    """Makes ``torch.npu.<name>`` read ``loader(name)`` (for torch_npu's own layers above torch.npu)."""
+    _provided[name] = loader
 
 
 def __getattr__(name):
@@ -180,8 +178,6 @@ def __getattr__(name):
         # stashes the device's RNG state only when it is true): live, so it is
         # true after init() and after the first npu use alike.
         return _C._is_initialized() and not _is_in_bad_fork()
-    if name in _INDUCTOR_NAMES:
-        from torch_npu._compile import _codegen
-        _codegen.register()
-        return getattr(_codegen, _INDUCTOR_NAMES[name])
+    if name in _provided:
+        return _provided[name](name)
     raise AttributeError(f"module 'torch.npu' has no attribute {name!r}")

@@ -5,7 +5,9 @@ from typing import Any, Optional, Union
 
 import torch
 
-from torch_npu import _C, _profiles
+from torch_npu import _C
+from torch_npu._core import env as _ascend_env
+from torch_npu._emu import profiles as _profiles
 
 _DeviceLike = Union[torch.device, str, int, None]
 
@@ -154,67 +156,16 @@ def can_device_access_peer(device: _DeviceLike, peer_device: _DeviceLike) -> boo
     return index != peer
 
 
-def _busy(device: _DeviceLike) -> bool:
-    from .streams import current_stream, default_stream
-    return not (current_stream(device).query() and default_stream(device).query())
-
-
-def utilization(device: _DeviceLike = None) -> int:
-    """Percent of time the device was busy (torch.cuda.utilization's meaning). The emulator
-    samples now: 100 while the device's current or default stream has queued work, else 0."""
-    return 100 if _busy(device) else 0
-
-
-def memory_usage(device: _DeviceLike = None) -> int:
-    """Percent of time device memory was read or written (torch.cuda.memory_usage's meaning).
-    On the emulator only kernels touch it: the same sample as utilization()."""
-    return utilization(device)
-
-
-def temperature(device: _DeviceLike = None) -> int:
-    """The device's temperature in degrees C. The emulator has no sensor: 0."""
-    _get_device_index(device)
-    return 0
-
-
-def power_draw(device: _DeviceLike = None) -> int:
-    """The device's power draw in mW. The emulator has no sensor: 0."""
-    _get_device_index(device)
-    return 0
-
-
 def clock_rate(device: _DeviceLike = None) -> int:
     """The device's clock in MHz: under a device profile, its cube units' clock, derived from
     the profile's own figures (peak float16 = cube cores x 16x16x16 MACs x 2 x clock: 1800 for
     Ascend910B2); 0 for the generic emulated npu."""
     _get_device_index(device)
-    from .. import _profiles
     chip = _profiles.active()
     cores = chip.properties.get("cube_core_num") or chip.properties.get("ai_core_num")
     if not chip.cost or not cores:
         return 0
     return round(chip.cost["cube_fp16_tflops"] * 1e12 / (cores * 16 ** 3 * 2) / 1e6)
-
-
-def device_memory_used(device: _DeviceLike = None) -> int:
-    """Bytes of device memory in use, by all processes (total minus free)."""
-    free, total = mem_get_info(device)
-    return total - free
-
-
-def list_gpu_processes(device: _DeviceLike = None) -> str:
-    """torch.cuda.list_gpu_processes' report for the npu. The emulated device is this
-    process's own: it lists this process and the memory its allocator holds."""
-    import os
-    from .memory import memory_reserved
-    index = _get_device_index(device, optional=True)
-    reserved = memory_reserved(index)
-    lines = [f"NPU:{index}"]
-    if reserved:
-        lines.append(f"process {os.getpid():>10d} uses {reserved / 1024 / 1024:12.3f} MB NPU memory")
-    else:
-        lines.append("no processes are running")
-    return "\n".join(lines)
 
 
 def is_tf32_supported() -> bool:
@@ -247,8 +198,6 @@ def get_sync_debug_mode() -> int:
 def _physical_index(index: int) -> int:
     """The emulated device behind npu:index, through ASCEND_RT_VISIBLE_DEVICES' mask."""
     import os
-
-    from .. import _ascend_env
 
     mask, physical = os.environ.get("ASCEND_RT_VISIBLE_DEVICES"), os.environ.get(_ascend_env._PHYSICAL, "")
     if mask is not None and physical.strip().isdigit():

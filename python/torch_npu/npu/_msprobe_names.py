@@ -15,12 +15,13 @@ import math
 
 import torch
 
+from torch_npu._emu import profiles as _profiles
+
 __all__ = ["clear_npu_overflow_flag", "get_npu_overflow_flag", "is_support_inf_nan", "npu_check_overflow"]
 
 
 def is_support_inf_nan() -> bool:
     """Whether the chip writes inf/nan on overflow (True) or saturates and raises its flag (False)."""
-    from torch_npu import _profiles
     return _profiles.active().inf_nan
 
 
@@ -42,7 +43,6 @@ def _raise_flag() -> None:
 def get_npu_overflow_flag() -> bool:
     """Whether a kernel saturated a float16 overflow since the flag was last cleared."""
     if is_support_inf_nan():
-        from torch_npu import _profiles
         raise RuntimeError(f"torch.npu.get_npu_overflow_flag: the chip of profile '{_profiles.active().name}' "
                            f"writes inf/nan on overflow and raises no overflow flag; use "
                            f"torch_npu.npu.utils.npu_check_overflow(tensor), which checks the tensor")

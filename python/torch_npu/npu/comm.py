@@ -118,7 +118,7 @@ def install() -> None:
 
     from torch.nn.parallel import comm as pytorch_comm
 
-    from .. import _patches
+    from .._core import patches as _patches
     ours = {"broadcast": broadcast, "broadcast_coalesced": broadcast_coalesced, "reduce_add": reduce_add,
             "reduce_add_coalesced": reduce_add_coalesced, "scatter": scatter, "gather": gather}
     expects = {"broadcast": "(tensor, devices=None, *, out=None)",
@@ -140,5 +140,6 @@ def install() -> None:
 
     for name in ours:
         _patches.wrap(pytorch_comm, name, routed(name), "comm", checked=("2.13",), expects=expects[name],
-                      reason="torch.nn.parallel.comm calls C++ collectives built for CUDA only; npu tensors "
+                      reason="torch.nn.parallel.comm calls C++ collectives built for CUDA only (it imports "
+                             "torch.cuda.nccl) and has no extension point for another device: npu tensors "
                              "(nn.DataParallel over npu devices) are copied between devices here instead")

@@ -1,12 +1,17 @@
 """Memory of the caching allocator, with torch.cuda's functions and key names."""
 import collections
 import contextlib
+import os
 import sys
 from typing import Any, Dict, Optional
 
+import torch
+
 from torch_npu import _C
 
-from ._device import _get_device_index
+from ._device import _get_device_index, current_device, mem_get_info
+from .streams import current_stream
+from .streams import stream as stream_context
 
 
 def memory_stats(device: Any = None) -> Dict[str, int]:
@@ -107,16 +112,33 @@ def get_allocator_backend() -> str:
     return "native"
 
 
+# ---- the device's memory, all processes (torch.cuda.memory's, which reads NVML) ------------
+
+def device_memory_used(device: Any = None) -> int:
+    """Bytes of device memory in use, by all processes (total minus free)."""
+    free, total = mem_get_info(device)
+    return total - free
+
+
+def list_gpu_processes(device: Any = None) -> str:
+    """torch.cuda.list_gpu_processes' report for the npu. The emulated device is this
+    process's own: it lists this process and the memory its allocator holds."""
+    index = _get_device_index(device, optional=True)
+    reserved = memory_reserved(index)
+    lines = [f"NPU:{index}"]
+    if reserved:
+        lines.append(f"process {os.getpid():>10d} uses {reserved / 1024 / 1024:12.3f} MB NPU memory")
+    else:
+        lines.append("no processes are running")
+    return "\n".join(lines)
+
+
 # ---- raw allocations ------------------------------------------------------------------------
 
 def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -> int:
     """Allocates ``size`` bytes from the npu caching allocator on ``device`` (current by default)
     for ``stream`` (a torch.npu.Stream or stream id; the current stream by default) and returns
     the address; free it with caching_allocator_delete."""
-    import torch
-
-    from .streams import current_stream
-
     index = _get_device_index(device)
     if stream is None:
         stream = current_stream(index)
@@ -130,7 +152,6 @@ def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -
                          f"on npu:{index}; give a stream of the allocation's device")
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
         raise ValueError(f"caching_allocator_alloc: size must be a number of bytes (int >= 0), got {size!r}")
-    from .streams import stream as stream_context
     with stream_context(stream):
         return _C._caching_allocator_alloc(size)
 
@@ -215,8 +236,6 @@ class MemPool:
         if use_on_oom or no_split:
             raise NotImplementedError("torch.npu.MemPool: use_on_oom and no_split are not supported on the npu; "
                                       "leave them False")
-        from ._device import current_device
-
         self._device = current_device()
         self._id = tuple(_C._new_pool_id(True))
         self._allocator = allocator
@@ -392,7 +411,6 @@ def _warn_notes(notes) -> None:
 def _oom_snapshot_observer(device, requested, reserved, device_free):
     """OOM_SNAPSHOT_ENABLE: writes the snapshot before the OutOfMemoryError is raised."""
     import datetime
-    import os
     directory = os.environ.get("OOM_SNAPSHOT_PATH") or os.getcwd()
     stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S_%f")
     path = os.path.join(directory, f"oom_snapshot_{os.getpid()}_{stamp}.pickle")
@@ -407,7 +425,6 @@ def _oom_snapshot_observer(device, requested, reserved, device_free):
 
 
 def _setup_from_environment() -> None:
-    import os
     _warn_notes(_C._load_allocator_settings())
     mode = os.environ.get("OOM_SNAPSHOT_ENABLE", "0").strip()
     if mode in ("", "0"):

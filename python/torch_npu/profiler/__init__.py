@@ -6,7 +6,7 @@ fallbacks, host waits for the device, and npu memory per op.
     from torch_npu.profiler import profile, ProfilerActivity
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.NPU], profile_memory=True) as prof:
         model(x).sum().backward()
-    print(prof.key_averages().table(sort_by="npu_time_total"))
+    print(prof.key_averages().table(sort_by="device_time_total"))
     print(torch_npu.profiler.analyse(prof))
 
 ``torch.profiler.profile(activities=[ProfilerActivity.PrivateUse1])`` and
@@ -22,9 +22,11 @@ stream in exported Chrome traces ("Stream 0: projected on Ascend910B2
 ``analyse()``. The projections are no device activities: device totals stay
 the emulator's. Under the generic profile none of it appears.
 
-The changes to PyTorch's profiler classes (the ``npu_*`` aliases of the event
-classes, ``use_device="npu"`` defaulting to Kineto, the projections) go through
-:mod:`torch_npu._patches` in the group ``"profiler"``.
+The changes to PyTorch's profiler classes (``use_device="npu"`` defaulting to Kineto,
+the projections) go through :mod:`torch_npu._patches` in the group ``"profiler"``.
+The Ascend adapter's ``npu_*`` names of the device columns (``npu_time_total``, ...)
+are opt-in: ``enable_npu_column_aliases()`` (``_compat.py``; transfer_to_npu turns
+them on too), group ``"profiler_aliases"``.
 """
 import functools
 import inspect
@@ -45,9 +47,10 @@ from torch.profiler import (  # noqa: F401  (the public names of torch.profiler)
     supported_activities,
 )
 
-from .. import _patches
+from .._core import patches as _patches
 from . import _analyse, _ascend_export
 from ._analyse import Analysis, analyse, set_projection_target  # noqa: F401
+from ._compat import enable_npu_column_aliases  # noqa: F401  (the npu_* column names, opt-in)
 from ._ascend_export import export_ascend, tensorboard_trace_handler  # noqa: F401
 from .experimental_config import (  # noqa: F401  (the Ascend adapter's names)
     AiCMetrics,
@@ -64,7 +67,8 @@ GROUP = "profiler"
 __all__ = ["profile", "ProfilerActivity", "ProfilerAction", "schedule", "tensorboard_trace_handler",
            "record_function", "supported_activities", "analyse", "Analysis", "set_projection_target",
            "export_ascend", "_ExperimentalConfig", "ProfilerLevel", "AiCMetrics", "ExportType",
-           "supported_profiler_level", "supported_ai_core_metrics", "supported_export_type"]
+           "supported_profiler_level", "supported_ai_core_metrics", "supported_export_type",
+           "enable_npu_column_aliases"]
 
 
 class profile(torch.profiler.profile):
@@ -125,27 +129,6 @@ class profile(torch.profiler.profile):
                 self.npu_gc_recorder.stop()
 
 
-# The seed's names for the device columns, on events and averages alike, so
-# that attributes and table(sort_by="npu_time_total") work.
-_NPU_ALIASES = {
-    "npu_time": "device_time",
-    "npu_time_total": "device_time_total",
-    "self_npu_time_total": "self_device_time_total",
-    "npu_memory_usage": "device_memory_usage",
-    "self_npu_memory_usage": "self_device_memory_usage",
-}
-
-
-def _install_aliases():
-    for cls in (FunctionEvent, FunctionEventAvg):
-        for alias, name in _NPU_ALIASES.items():
-            if not hasattr(cls, alias):
-                _patches.patch(cls, alias, property(functools.partial(lambda self, n: getattr(self, n), n=name)),
-                               GROUP, checked=("2.13",), expects=_patches.ABSENT,
-                               reason="PyTorch names its device columns device_*; scripts and sort_by keys written "
-                                      "for the npu use npu_* names, which PyTorch has no way to alias")
-
-
 def _profile_npu_through_kineto():
     """``torch.autograd.profiler.profile(use_device="npu")`` defaults to Kineto
     (the same device activities as torch.profiler); ``use_kineto=False`` still
@@ -168,7 +151,8 @@ def _profile_npu_through_kineto():
                           "use_kineto=False, use_cpu=True, experimental_config=None, acc_events=False, "
                           "custom_trace_id_callback=None, post_processing_timeout_s=None, activity_filters=None)",
                   reason="the legacy profiler defaults to use_kineto=False, which times a PrivateUse1 device "
-                         "with events per op; use_device='npu' should see the npu's Kineto activities")
+                         "with events per op, and has no per-device default; use_device='npu' should see the npu's "
+                         "Kineto activities")
 
 
 # ---- The chip's projected times ---------------------------------------------
@@ -410,6 +394,5 @@ def _install_projections():
                          "activity as device time), so it is added to the exported trace")
 
 
-_install_aliases()
 _profile_npu_through_kineto()
 _install_projections()

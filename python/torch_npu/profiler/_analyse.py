@@ -31,7 +31,8 @@ def cost_profile():
     """The profile kernels are projected onto: the projection target when one is set
     (set_projection_target, the doctor's --target), else the active device profile when
     it has a cost model; None under generic without a target."""
-    from .. import _C, _profiles
+    from .. import _C
+    from .._emu import profiles as _profiles
     name = _C._projection_profile()
     return None if name is None else _profiles.load(name)
 
@@ -39,7 +40,8 @@ def cost_profile():
 def set_projection_target(name):
     """Projects kernels onto chip profile ``name`` while profiling, whatever chip the npu
     emulates (None: the active profile's own cost model, if any)."""
-    from .. import _C, _profiles
+    from .. import _C
+    from .._emu import profiles as _profiles
     if name is None:
         _C._set_projection_target("")
     else:

@@ -36,6 +36,7 @@ from types import SimpleNamespace
 import torch
 from torch.autograd import DeviceType
 
+from .._core.version import __version__
 from . import _analyse, _ascend_db
 from .experimental_config import ExportType, ProfilerLevel, _ExperimentalConfig
 
@@ -578,13 +579,12 @@ def export_ascend(prof, dir_name, worker_name=None, chrome_trace=None, config=No
         _ascend_db.write(out, rank, base_us=base_us, ops=ops, kernels=kernels, steps=steps, step_times=step_times,
                          op_inputs=inputs, allocations=allocations, samples=samples,
                          formats=SimpleNamespace(op_type=_op_type, shapes=_shapes, dtypes=_dtypes), meta=[("device", "npu (emulated)"), ("projected_on", chip or ""),
-                                                   ("torch_npu_version", getattr(__import__("torch_npu"),
-                                                                                 "__version__", ""))])
+                                                   ("torch_npu_version", __version__)])
 
     info = {"config": {"common_config": _common_config(prof), "experimental_config": config.to_dict()},
             "start_info": {"syscnt_enable": False, "collectionTimeBegin": str(int(base_us))},
             "end_info": {"collectionTimeEnd": str(int(time.time() * 1e6))},
-            "torch_npu_version": getattr(__import__("torch_npu"), "__version__", ""),
+            "torch_npu_version": __version__,
             "device": "npu (emulated)", "projected_on": chip or ""}
     name = "profiler_info.json" if rank is None else f"profiler_info_{rank}.json"
     with open(os.path.join(root, name), "w", encoding="utf-8") as f:

@@ -154,13 +154,14 @@ def project(results, projections, profile, op_host_us: Optional[Dict[str, float]
             not_python=()):
     """``ChipProjection`` of a finished profile's window (``results``: its Kineto results;
     ``projections``: the session's records, profiler/_analyse.py) onto chip profile
-    ``profile`` (a ``torch_npu._profiles.Profile`` with a cost model). ``op_host_us``: per
+    ``profile`` (a ``torch_npu._emu.profiles.Profile`` with a cost model). ``op_host_us``: per
     op name, its host time without any observer's overhead, for ops that launch nothing
     (the doctor measures it; else the profile's own measurement). ``python=False``: the
     ops are called from C++ on the real system, with no Python between them.
     ``not_python``: (start, end) ns of an observer's own work between ops (the doctor's
     bookkeeping at each step), left out of the Python time."""
-    from .. import _C, _profiles
+    from .. import _C
+    from .._emu import profiles as _profiles
     _profiles.define(profile.name)   # its device side is projected in C++
     cost, figures = profile.cost, profile.cost_figures
     out = ChipProjection(profile.name, profile.device_name)

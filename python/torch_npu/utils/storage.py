@@ -8,6 +8,8 @@ to torch.serialization's safe globals so that such tensors load with ``weights_o
 """
 import torch
 
+from ..ops.formats import npu_format_cast
+
 __all__ = []
 
 
@@ -21,8 +23,7 @@ def _rebuild_npu_tensor(storage, storage_offset, size, stride, requires_grad, ba
     if tensor.device.type != "npu":
         tensor = tensor.npu()
     if not isinstance(npu_storage_info, bool):
-        import torch_npu
-        tensor = torch_npu.npu_format_cast(tensor, int(npu_storage_info))
+        tensor = npu_format_cast(tensor, int(npu_storage_info))
     tensor.requires_grad = requires_grad
     tensor._backward_hooks = backward_hooks
     return tensor

@@ -28,7 +28,10 @@ from multiprocessing.reduction import ForkingPickler
 import torch
 import torch.multiprocessing.reductions as _reductions  # registers torch's reducers first
 
-from . import _C, _patches
+from torch_npu import _C
+from torch_npu._core import patches as _patches
+
+from .streams import Event, _InterprocessEvent
 
 GROUP = "multiprocessing"
 
@@ -137,7 +140,6 @@ def _refusing_npu_storage(reduce):
 
 
 def rebuild_event(device, handle):
-    from .npu.streams import Event
     return Event.from_ipc_handle(device, handle)
 
 
@@ -147,25 +149,24 @@ def reduce_event(event):
 
 
 def install() -> None:
-    from .npu.streams import Event
-
     reducers = ForkingPickler._extra_reducers
     for cls in (torch.Tensor, torch.nn.Parameter):
         if cls in reducers:
             _patches.wrap(reducers, cls, _sharing_npu, GROUP, checked=("2.13",), expects="(tensor)",
                           reason="torch's reducer shares any non-CUDA tensor through host memory (_share_fd_, cpu "
-                                 "only): npu tensors are shared as CUDA's, by a handle of their npu memory")
+                                 "only) and has no per-device hook (reduce_tensor tests device.type == 'cuda'): npu "
+                                 "tensors are shared as CUDA's, by a handle of their npu memory")
     for cls in (torch.UntypedStorage, torch.storage.TypedStorage):
         if cls in reducers:
             _patches.wrap(reducers, cls, _refusing_npu_storage, GROUP, checked=("2.13",), expects="(storage)",
                           reason="torch's reducer shares any non-CUDA storage through host memory and fails with "
-                                 "a lost item and a hung consumer for npu memory: npu storages are refused as CUDA "
-                                 "storages are")
-    from .npu.streams import _InterprocessEvent
+                                 "a lost item and a hung consumer for npu memory, with no per-device hook: npu "
+                                 "storages are refused as CUDA storages are")
     for cls in (Event, _InterprocessEvent):  # the pickler looks up the exact class
         _patches.patch(reducers, cls, reduce_event, GROUP, checked=("2.13",), expects=_patches.ABSENT,
                        reason="torch.multiprocessing registers torch.cuda.Event's reducer only: torch.npu.Event "
-                              "(interprocess=True) is sent by its IPC handle as torch.cuda.Event is")
+                              "(interprocess=True) is sent by its IPC handle as torch.cuda.Event is, through the "
+                              "pickler's own reducer table (entered here so undo removes it)")
 
 
 def ipc_collect():

@@ -41,8 +41,9 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import _C, _profiles
-from ._custom_ops import all_custom_ops, custom_op, register
+from .. import _C
+from .._emu import profiles as _profiles
+from .custom import all_custom_ops, custom_op, register
 
 __all__ = ["OpInfo", "contains", "get", "backends_for_op", "list_ops", "summary", "num_registered", "register"]
 
@@ -130,4 +131,4 @@ def summary(profile: Optional[str] = None) -> Dict[str, int]:
 def __getattr__(name: str):
     if name == "num_registered":
         return _C._num_native_kernels()
-    raise AttributeError(f"module 'torch_npu._ops_registry' has no attribute {name!r}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,7 +17,8 @@ import os
 
 import torch
 
-from . import _C, _patches
+from .. import _C
+from . import patches as _patches
 
 _ENGINE = torch.autograd.Variable._execution_engine
 

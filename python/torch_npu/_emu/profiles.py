@@ -15,9 +15,9 @@ import tomllib
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, List, Optional
 
-from . import _C
+from .. import _C
 
-PROFILE_DIR = os.path.join(os.path.dirname(__file__), "profiles")
+PROFILE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "profiles")   # torch_npu/profiles
 GENERIC = "generic"
 _SOURCES = "sources.toml"   # the cost figures' sources, not a profile
 

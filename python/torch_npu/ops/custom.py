@@ -25,7 +25,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 from torch.utils._pytree import tree_flatten, tree_map
 
-from . import _C
+from .. import _C
 
 __all__ = ["register", "register_npu_op", "CustomOp", "Implementation"]
 
