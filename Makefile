@@ -38,7 +38,7 @@ $(VENV)/.deps: Makefile
 # optional: one that cannot be installed here is reported, and its tests skip saying so.
 $(VENV)/.clients: $(VENV)/.deps
 	DS_BUILD_OPS=0 $(PIP) install -q -c $(VENV)/constraints.txt deepspeed \
-	  || echo "note: deepspeed could not be installed; tests/test_deepspeed.py skips"
+	  || echo "note: deepspeed could not be installed; tests/distributed/test_deepspeed.py skips"
 	$(PIP) install -q -c $(VENV)/constraints.txt msprof-analyze \
 	  || echo "note: msprof-analyze could not be installed; its tests skip"
 	$(PIP) install -q -c $(VENV)/constraints.txt mindstudio-probe \
@@ -80,8 +80,8 @@ pytest: build $(VENV)/.clients
 # The stream, copy, random, checkpoint and model tests again with the fully asynchronous
 # launch policy (every kernel queued to its stream's worker thread), so ordering
 # bugs that running on the caller's thread hides cannot come back.
-ALWAYS_ENQUEUE_TESTS := tests/test_streams.py tests/test_copy.py tests/test_random.py tests/test_checkpoint.py tests/test_models.py \
-	tests/test_stream_semantics.py tests/test_memory.py tests/test_real_models.py tests/test_graphs.py tests/test_quantized.py
+ALWAYS_ENQUEUE_TESTS := tests/device/test_streams.py tests/device/test_copy.py tests/device/test_random.py tests/models/test_checkpoint.py tests/models/test_models.py \
+	tests/device/test_stream_semantics.py tests/memory/test_memory.py tests/models/test_real_models.py tests/device/test_graphs.py tests/ops/test_quantized.py
 pytest-always-enqueue: build
 	NPU_EMU_ALWAYS_ENQUEUE=1 $(PYTEST) $(ALWAYS_ENQUEUE_TESTS)
 
@@ -89,7 +89,7 @@ pytest-always-enqueue: build
 # the emulator does while a profiler projects onto a chip (queued work waits for the
 # host's next wait, host-run ops are launched as kernels), so that it keeps every
 # stream semantic too.
-DEFER_TESTS := tests/test_streams.py tests/test_stream_semantics.py tests/test_copy.py tests/test_graphs.py
+DEFER_TESTS := tests/device/test_streams.py tests/device/test_stream_semantics.py tests/device/test_copy.py tests/device/test_graphs.py
 pytest-defer: build
 	NPU_EMU_DEFER=1 $(PYTEST) $(DEFER_TESTS)
 
@@ -98,17 +98,17 @@ pytest-defer: build
 # a discrete device whose memory the host cannot address): a path that reads
 # device memory from the host faults instead of working by accident. Tests of
 # host timing are left out (the memory gate adds to every op's host time).
-PROTECTED_TESTS := tests/test_models.py tests/test_real_models.py tests/test_streams.py tests/test_copy.py \
-	tests/test_stream_semantics.py tests/test_memory.py tests/test_compile.py tests/test_distributed.py \
-	tests/test_doctor.py tests/test_checkpoint.py tests/test_custom_ops.py tests/test_fused_ops.py \
-	tests/test_fallback.py tests/test_ops.py tests/test_mixed_arguments.py tests/test_contracts.py \
-	tests/test_profiler.py tests/test_protected.py tests/test_graphs.py
+PROTECTED_TESTS := tests/models/test_models.py tests/models/test_real_models.py tests/device/test_streams.py tests/device/test_copy.py \
+	tests/device/test_stream_semantics.py tests/memory/test_memory.py tests/compile/test_compile.py tests/distributed/test_distributed.py \
+	tests/doctor/test_doctor.py tests/models/test_checkpoint.py tests/ops/test_custom_ops.py tests/fused/test_fused_ops.py \
+	tests/ops/test_fallback.py tests/ops/test_ops.py tests/ops/test_mixed_arguments.py tests/device/test_contracts.py \
+	tests/profiler/test_profiler.py tests/device/test_protected.py tests/device/test_graphs.py
 pytest-protected: build
 	NPU_EMU_PROTECT=1 $(PYTEST) -m "not host_timing" $(PROTECTED_TESTS)
 
 # The model tests again with the npu as an Ascend 910B2 (NPU_EMU_PROFILE): the
 # chip's support set, its numerics and its identity under real models.
-PROFILE_TESTS := tests/test_models.py tests/test_real_models.py
+PROFILE_TESTS := tests/models/test_models.py tests/models/test_real_models.py
 pytest-profile: build
 	NPU_EMU_PROFILE=ascend910b2 $(PYTEST) $(PROFILE_TESTS)
 

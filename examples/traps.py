@@ -4,7 +4,7 @@ Each planted trap is marked with a `# TRAP: <kind>` comment on its line; run
 
     python -m torch_npu.doctor examples/traps.py
 
-and the doctor's report names each of these lines (tests/test_doctor.py checks it).
+and the doctor's report names each of these lines (tests/doctor/test_doctor.py checks it).
 Written as a CUDA script: under the doctor, "cuda" means the npu.
 """
 import argparse

@@ -105,7 +105,7 @@ def pytest_collection_modifyitems(config, items):
     if profile == "generic":
         return
     skip = pytest.mark.skip(reason=f"asserts the generic device's op set; under {profile} the chip's "
-                                   "fallbacks are expected (tests/test_profiles.py checks them)")
+                                   "fallbacks are expected (tests/profiles/test_profiles.py checks them)")
     for item in items:
         if "generic_ops" in item.keywords:
             item.add_marker(skip)

@@ -15,6 +15,9 @@ EMULATOR_VARIABLES = (
     "NPU_LAUNCH_BLOCKING",
 )
 
+# The repository (tests/ sits in it; test files sit one folder deeper, by area).
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 GiB = 1 << 30
 MiB = 1 << 20
 KiB = 1 << 10

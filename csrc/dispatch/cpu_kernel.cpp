@@ -64,8 +64,8 @@ std::optional<c10::OperatorHandle> generatorTwin(const c10::OperatorHandle& op) 
 
 // native_dropout's CPU kernel with an explicit generator: a bool mask (in the
 // input's layout) drawn by bernoulli_(1 - p), the output input * mask *
-// (1 / (1 - p)), the same computation as ATen's (tests/test_contracts.py and
-// tests/test_random.py compare them on the cpu). A nested input drops out its
+// (1 / (1 - p)), the same computation as ATen's (tests/device/test_contracts.py and
+// tests/device/test_random.py compare them on the cpu). A nested input drops out its
 // buffer, as ATen's nested kernel does.
 std::pair<at::Tensor, at::Tensor> dropoutWithDraw(const at::Tensor& input, double p, const at::Generator& draw) {
   if (input.is_nested()) {

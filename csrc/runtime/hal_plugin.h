@@ -19,7 +19,7 @@
 //   NPU_HAL_PLUGIN("mine", std::make_unique<MyHal>())
 //
 // tests/runtime/minimal_hal_plugin.cpp builds the test suite's minimal HAL this
-// way, and the tests load it (tests/test_hal_library.py, registry_test.cpp).
+// way, and the tests load it (tests/device/test_hal_library.py, registry_test.cpp).
 #pragma once
 
 #ifdef __cplusplus

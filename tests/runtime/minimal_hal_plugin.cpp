@@ -1,7 +1,7 @@
 // The suite's minimal HAL (minimal_hal.h) built as a HAL library, the way a
 // vendor ships one (hal_plugin.h): libnpu_hal_minimal_plugin.so. The
 // conformance suite loads it (conformance_hals.cpp) and so do the Python tests
-// (tests/test_hal_library.py, NPU_HAL=<its path>).
+// (tests/device/test_hal_library.py, NPU_HAL=<its path>).
 //   NPU_MINIMAL_HAL_DEVICES  devices (default 2)
 //   NPU_MINIMAL_HAL_BASIC=1  without the optional capabilities (and op queries)
 #include <cstdlib>

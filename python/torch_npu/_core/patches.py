@@ -19,7 +19,7 @@ and what PyTorch's object is expected to look like (``expects``, in the words of
 :func:`describe`: its signature, ``"class (metaclass type)"``, ``"absent"`` for a
 name torch_npu adds...). An object that no longer looks so is reported when the
 change is made (a :class:`TorchInternalsChanged` warning), and
-tests/test_patches.py checks every entry against the pinned torch: an upgrade
+tests/package/test_patches.py checks every entry against the pinned torch: an upgrade
 that changes a target fails loudly instead of leaving a wrapper that quietly
 misreads its arguments. :func:`ledger` gives the entries, oldest first.
 

@@ -24,7 +24,7 @@ It changes the names listed below (DEVICE_CONSTRUCTORS, MORE_DEVICE_FUNCTIONS,
 DEVICE_METHODS, CUDA_METHODS, DEVICE_CLASSES, CUDA_NAMES, CUDA_AMP_NAMES,
 DEVICE_INDEX_HELPERS, and torch.distributed's in _redirect_nccl), each with what
 PyTorch's object is expected to be, and nothing found by searching modules: a
-name PyTorch renames or adds shows up in tests/test_transfer_to_npu.py. Every
+name PyTorch renames or adds shows up in tests/compat/test_transfer_to_npu.py. Every
 change goes through :mod:`torch_npu._patches` in the group ``"transfer_to_npu"``:
 ``torch_npu._patches.undo("transfer_to_npu")`` takes them all back.
 
@@ -54,7 +54,7 @@ C_FUNCTION = "builtin_function_or_method"
 C_METHOD = "method_descriptor"
 CLASS = "class (metaclass type)"
 
-# ---- The names it changes, each once (tests/test_transfer_to_npu.py checks that each exists) ----
+# ---- The names it changes, each once (tests/compat/test_transfer_to_npu.py checks that each exists) ----
 
 # PyTorch's device constructors (torch.utils._device._device_constructors(): what
 # `with torch.device(...)` applies to), by module. torch.sparse has none of its own:

@@ -112,7 +112,7 @@ def test_npurt_checks_what_it_registers():
 @pytest.mark.parametrize("stage,dtype", [(1, "fp32"), (2, "fp32"), (2, "bf16"), (3, "fp32")])
 def test_zero_on_two_npus_matches_one_process(stage, dtype, tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               os.path.join(HERE, "distributed", "deepspeed_zero.py"), str(stage), dtype]
+               os.path.join(HERE, "deepspeed_zero.py"), str(stage), dtype]
     proc = subprocess.run(command, env=_env(tmp_path), capture_output=True, text=True, timeout=180)
     out = proc.stdout
     assert proc.returncode == 0, f"--- stdout ---\n{out}\n--- stderr ---\n{proc.stderr[-6000:]}"

@@ -1268,7 +1268,7 @@ def test_in_place_op_on_a_cpu_tensor_with_an_npu_argument_is_not_lost():
     assert torch.equal(c, torch.full((3,), 3.0)), f"cpu tensor not updated: {c}"
 
 
-# ---- found by the OpInfo sweep (tests/test_opinfo.py) ----------------------------------------------
+# ---- found by the OpInfo sweep (tests/ops/test_opinfo.py) ----------------------------------------------
 
 
 def test_views_made_by_native_kernels_are_regular_autograd_views():

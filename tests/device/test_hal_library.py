@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "build" / "runtime-ext" / "libnpu_hal_minimal_plugin.so"
 
 

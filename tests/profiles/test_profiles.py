@@ -530,7 +530,7 @@ def test_the_doctor_ends_with_the_target_chips_verdict(tmp_path):
 def test_the_cost_model_is_validated_on_other_measurements_than_its_calibration():
     import pathlib
     import re as _re
-    doc = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "cost_model.md").read_text()
+    doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "cost_model.md").read_text()
     table = doc.split("<!-- validation table: benchmarks/validate_cost_model.py -->")[1].split(
         "<!-- end of the validation table -->")[0]
     rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]

@@ -28,7 +28,7 @@ import torch_npu
 HERE = os.path.abspath(__file__)
 
 
-# --- the step, run as a script: python tests/test_msprobe.py DEVICE DUMP_DIR [--plant] -------------------------
+# --- the step, run as a script: python tests/compat/test_msprobe.py DEVICE DUMP_DIR [--plant] -------------------------
 
 def _model(torch):
     class Block(torch.nn.Module):

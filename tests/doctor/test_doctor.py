@@ -14,9 +14,10 @@ import pytest
 import torch
 
 import torch_npu
+from helpers import REPO_ROOT
 from torch_npu.doctor import KINDS, Doctor
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 TRAPS = os.path.join(ROOT, "examples", "traps.py")
 
 
@@ -418,7 +419,7 @@ def test_compare_passes_correct_kernels():
 
 def test_kinds_are_documented():
     import pathlib
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     table = set(re.findall(r"^\| `([a-z0-9_]+)` \|", (root / "docs/guide/doctor.md").read_text(), re.MULTILINE))
     assert set(KINDS) <= table, set(KINDS) - table                    # a row of the guide's table each
     schema = json.loads((root / "python/torch_npu/doctor/report.schema.json").read_text())

@@ -2,7 +2,7 @@
 memory fraction, snapshots that torch.cuda._memory_viz renders, the OOM snapshot, and the
 allocator settings of PYTORCH_NPU_ALLOC_CONF.
 
-Expected numbers follow the allocator's rules (tests/test_memory.py): sizes round up to 512
+Expected numbers follow the allocator's rules (tests/memory/test_memory.py): sizes round up to 512
 bytes; requests up to 1 MiB come from 2 MiB segments; requests under 10 MiB share 20 MiB
 segments; larger ones get a segment of their own, rounded up to 2 MiB.
 """
@@ -569,7 +569,7 @@ def test_the_snapshot_example_writes_a_snapshot_and_its_timeline(tmp_path):
     import importlib.util
     import pickle
     pytest.importorskip("matplotlib", reason="matplotlib draws the timeline")
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
     spec = importlib.util.spec_from_file_location("memory_snapshot", os.path.join(root, "examples", "memory_snapshot.py"))
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)

@@ -18,7 +18,7 @@ import sys
 from typing import Dict, List, Optional, Set, Tuple
 
 PACKAGE = "torch_npu"
-PACKAGE_DIR = pathlib.Path(__file__).resolve().parent.parent / "python" / PACKAGE
+PACKAGE_DIR = pathlib.Path(__file__).resolve().parents[2] / "python" / PACKAGE
 
 Edge = Tuple[str, str, str]   # (target module, "path:line", "module level" or "in a function")
 

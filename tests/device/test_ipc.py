@@ -15,7 +15,7 @@ from multiprocessing.reduction import ForkingPickler
 
 from helpers import last_line
 
-# A HAL without interprocess memory (NPU_EMU_PROTECT=1) refuses: tests/test_contracts.py.
+# A HAL without interprocess memory (NPU_EMU_PROTECT=1) refuses: tests/device/test_contracts.py.
 pytestmark = pytest.mark.skipif("not torch_npu._C._ipc_supported(0)",  # at each test, not at import
                                 reason="the HAL has no interprocess memory (Capabilities::interprocess)")
 
@@ -260,7 +260,7 @@ def test_the_capability_is_the_hals():
 
 def test_the_readme_example_runs(run_python):
     from pathlib import Path
-    example = Path(__file__).resolve().parent.parent / "examples" / "share_npu_tensors.py"
+    example = Path(__file__).resolve().parents[2] / "examples" / "share_npu_tensors.py"
     proc = run_python(f"import runpy; runpy.run_path({str(example)!r}, run_name='__main__')")
     assert "producer reads [1.0, 1.0, 1.0, 1.0]" in proc.stdout
     assert "npu memory allocated 0" in proc.stdout

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import torch_npu
+from helpers import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 NO_BAND = 2147483647

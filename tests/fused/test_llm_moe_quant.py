@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 import torch_npu
-from helpers import last_line, run_python
+from helpers import REPO_ROOT, last_line, run_python
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+sys.path.insert(0, os.path.join(REPO_ROOT, "examples"))
 import moe_w8a8  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

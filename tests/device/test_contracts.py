@@ -255,7 +255,7 @@ if __name__ == "__main__":
 
 def test_npu_tensors_sent_by_a_hal_that_cannot_share_raise_and_nothing_hangs(run_python, tmp_path):
     """A HAL without interprocess memory (the emulator under NPU_EMU_PROTECT=1): a clear
-    error in the sender, or from the receiver's get() for a Queue (tests/test_ipc.py: sharing)."""
+    error in the sender, or from the receiver's get() for a Queue (tests/device/test_ipc.py: sharing)."""
     script = tmp_path / "share.py"
     script.write_text(SHARE)
     proc = run_python(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')", timeout=180,

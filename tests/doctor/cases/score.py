@@ -1,10 +1,10 @@
-"""Scores the doctor on the corpus of tests/doctor_cases/: what it finds, what it misses,
+"""Scores the doctor on the corpus of tests/doctor/cases/: what it finds, what it misses,
 what it reports that is not there.
 
-    python tests/doctor_cases/score.py                       # every case
-    python tests/doctor_cases/score.py train_nan_guard.py eval_clean_no_grad.py
-    python tests/doctor_cases/score.py --min-recall 0.8 --min-precision 0.9    # exit 1 below these
-    python tests/doctor_cases/score.py --json summary.json --reports reports/  # machine-readable results
+    python tests/doctor/cases/score.py                       # every case
+    python tests/doctor/cases/score.py train_nan_guard.py eval_clean_no_grad.py
+    python tests/doctor/cases/score.py --min-recall 0.8 --min-precision 0.9    # exit 1 below these
+    python tests/doctor/cases/score.py --json summary.json --reports reports/  # machine-readable results
 
 Each case is a small script that starts with an annotation block:
 
@@ -314,8 +314,8 @@ def print_report(cases, results, scores, summary, out=sys.stdout):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Score the torch_npu doctor on the cases of tests/doctor_cases/.")
-    p.add_argument("cases", nargs="*", help="case files (a path, or a name in tests/doctor_cases/); default: all")
+    p = argparse.ArgumentParser(description="Score the torch_npu doctor on the cases of tests/doctor/cases/.")
+    p.add_argument("cases", nargs="*", help="case files (a path, or a name in tests/doctor/cases/); default: all")
     p.add_argument("--jobs", type=int, default=MAX_JOBS, help=f"doctors run at a time (1 or {MAX_JOBS})")
     p.add_argument("--timeout", type=float, default=180, help="seconds one case may run (default 180)")
     p.add_argument("--python", default=sys.executable, help="the interpreter that runs the doctor")

@@ -11,8 +11,9 @@ import sys
 import textwrap
 
 import pytest
+from helpers import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 
 
 def doctor(script, *args, tmp_path, timeout=300, env=None):

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 import torch_npu
 
-HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "distributed")
+HERE = os.path.dirname(os.path.abspath(__file__))   # the scripts sit beside this file
 ENV = dict(os.environ, NPU_EMU_DEVICES="2", OMP_NUM_THREADS="1", TORCH_NCCL_ASYNC_ERROR_HANDLING="0")
 
 

@@ -1,8 +1,8 @@
-"""The doctor on a fast subset of its corpus (tests/doctor_cases/, scored by score.py):
+"""The doctor on a fast subset of its corpus (tests/doctor/cases/, scored by score.py):
 no crash, the clean cases stay clean, and the traps it finds today are still found.
 
 The whole corpus (108 cases, about 5 minutes on 2 cores) is scored by hand:
-``python tests/doctor_cases/score.py --min-recall 0.95 --min-precision 0.95``. Its recall
+``python tests/doctor/cases/score.py --min-recall 0.95 --min-precision 0.95``. Its recall
 and precision are the doctor's measure (docs/guide/doctor.md).
 """
 import importlib.util
@@ -12,9 +12,10 @@ import subprocess
 import sys
 
 import pytest
+from helpers import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CASES = os.path.join(ROOT, "tests", "doctor_cases")
+ROOT = REPO_ROOT
+CASES = os.path.join(ROOT, "tests", "doctor", "cases")
 SCORE = os.path.join(CASES, "score.py")
 
 # Traps of each kind of loop (training, evaluation without optimizer, validation inside

@@ -12,8 +12,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_npu
+from helpers import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import zoo  # noqa: E402
 
