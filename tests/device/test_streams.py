@@ -95,6 +95,7 @@ def test_set_stream():
 def test_work_on_side_stream_is_correct():
     s = torch.npu.Stream()
     x = torch.zeros(1000, device="npu")
+    s.wait_stream(torch.npu.current_stream())   # x is zeroed on the default stream: a race without it, as on CUDA
     with torch.npu.stream(s):
         x.fill_(4.0)
         y = x.clone()
