@@ -70,6 +70,9 @@ runtime-test: system-deps
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/build/test-inductor-cache
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+# The reruns below repeat tests under one mode of the emulator; tests marked child_process
+# set the mode they test in their own interpreters, so a rerun would only repeat them.
+MODE_PYTEST := $(PYTEST) -m "not child_process"
 
 test-cache:
 	rm -rf $(TORCHINDUCTOR_CACHE_DIR)
@@ -83,7 +86,7 @@ pytest: build $(VENV)/.clients
 ALWAYS_ENQUEUE_TESTS := tests/device/test_streams.py tests/device/test_copy.py tests/device/test_random.py tests/models/test_checkpoint.py tests/models/test_models.py \
 	tests/device/test_stream_semantics.py tests/memory/test_memory.py tests/models/test_real_models.py tests/device/test_graphs.py tests/ops/test_quantized.py
 pytest-always-enqueue: build
-	NPU_EMU_ALWAYS_ENQUEUE=1 $(PYTEST) $(ALWAYS_ENQUEUE_TESTS)
+	NPU_EMU_ALWAYS_ENQUEUE=1 $(MODE_PYTEST) $(ALWAYS_ENQUEUE_TESTS)
 
 # The stream, copy and graph tests again with deferred execution (NPU_EMU_DEFER=1): what
 # the emulator does while a profiler projects onto a chip (queued work waits for the
@@ -91,7 +94,7 @@ pytest-always-enqueue: build
 # stream semantic too.
 DEFER_TESTS := tests/device/test_streams.py tests/device/test_stream_semantics.py tests/device/test_copy.py tests/device/test_graphs.py
 pytest-defer: build
-	NPU_EMU_DEFER=1 $(PYTEST) $(DEFER_TESTS)
+	NPU_EMU_DEFER=1 $(MODE_PYTEST) $(DEFER_TESTS)
 
 # Models, streams, copies, compile, distributed and the doctor again with the
 # device's memory closed to the host outside device work (NPU_EMU_PROTECT=1, as
@@ -102,15 +105,15 @@ PROTECTED_TESTS := tests/models/test_models.py tests/models/test_real_models.py 
 	tests/device/test_stream_semantics.py tests/memory/test_memory.py tests/compile/test_compile.py tests/distributed/test_distributed.py \
 	tests/doctor/test_doctor.py tests/models/test_checkpoint.py tests/ops/test_custom_ops.py tests/fused/test_fused_ops.py \
 	tests/ops/test_fallback.py tests/ops/test_ops.py tests/ops/test_mixed_arguments.py tests/device/test_contracts.py \
-	tests/profiler/test_profiler.py tests/device/test_protected.py tests/device/test_graphs.py
+	tests/profiler/test_profiler.py tests/device/test_graphs.py
 pytest-protected: build
-	NPU_EMU_PROTECT=1 $(PYTEST) -m "not host_timing" $(PROTECTED_TESTS)
+	NPU_EMU_PROTECT=1 $(PYTEST) -m "not host_timing and not child_process" $(PROTECTED_TESTS)
 
 # The model tests again with the npu as an Ascend 910B2 (NPU_EMU_PROFILE): the
 # chip's support set, its numerics and its identity under real models.
 PROFILE_TESTS := tests/models/test_models.py tests/models/test_real_models.py
 pytest-profile: build
-	NPU_EMU_PROFILE=ascend910b2 $(PYTEST) $(PROFILE_TESTS)
+	NPU_EMU_PROFILE=ascend910b2 $(MODE_PYTEST) $(PROFILE_TESTS)
 
 # The runtime's GoogleTest suite under ThreadSanitizer and AddressSanitizer.
 runtime-sanitize: system-deps

@@ -326,6 +326,7 @@ print("wrong", wrong)
 """
 
 
+@pytest.mark.child_process
 @pytest.mark.parametrize("disable_wait", [False, pytest.param(True, marks=pytest.mark.skipif(
     os.environ.get("NPU_EMU_PROTECT") == "1", reason="calling the kernels outside stream order touches closed "
                                                      "device memory in the protected mode: the process faults"))])
@@ -352,6 +353,7 @@ class WithNpuOp(nn.Module):
         return F.gelu(y)
 
 
+@pytest.mark.child_process
 def test_jit_trace_script_save_load_freeze_in_a_fresh_process(tmp_path, run_python):
     torch.manual_seed(0)
     model = WithNpuOp().npu().eval()

@@ -52,6 +52,7 @@ def test_accelerator_memory_of_another_device_is_that_devices(index, clean_npu):
     del x
 
 
+@pytest.mark.child_process
 def test_empty_host_cache_after_pinned_copies(run_python):
     code = r"""
 import torch
@@ -120,6 +121,7 @@ def test_registry_refuses_names_that_are_no_strings(bad):
         assert "torch_npu/ops/registry" not in str(raised.value)
 
 
+@pytest.mark.child_process
 def test_the_documented_private_paths_are_the_new_modules(run_python):
     """torch_npu._ops_registry (the README's name, and csrc/dispatch/fallback.cpp's message) is
     torch_npu.ops.registry, and torch_npu._patches is the ledger, torch_npu._core.patches: the
@@ -253,6 +255,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.child_process
 def test_npu_tensors_sent_by_a_hal_that_cannot_share_raise_and_nothing_hangs(run_python, tmp_path):
     """A HAL without interprocess memory (the emulator under NPU_EMU_PROTECT=1): a clear
     error in the sender, or from the receiver's get() for a Queue (tests/device/test_ipc.py: sharing)."""
@@ -314,6 +317,7 @@ for _ in range(3):
 """
 
 
+@pytest.mark.child_process
 def test_the_process_exits_cleanly_right_after_a_backward(run_python):
     # Without draining the npu's autograd thread at exit, about one exit in three aborted.
     for _ in range(8):   # one device: the race shows most often there

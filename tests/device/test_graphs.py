@@ -301,6 +301,7 @@ def test_npugraphs_backend_with_a_cpu_scalar_input_stays_correct():
     torch._dynamo.reset()
 
 
+@pytest.mark.child_process
 def test_transfer_to_npu_names():
     import subprocess
     import sys

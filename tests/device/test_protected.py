@@ -15,6 +15,7 @@ from helpers import last_line
 PROTECTED = {"NPU_EMU_PROTECT": "1"}
 
 
+@pytest.mark.child_process
 def test_the_device_reports_what_the_mode_makes_it(run_python):
     code = "import torch, torch_npu; print(torch_npu._C._device_capabilities(0)['host_addressable'])"
     assert last_line(run_python(code, env=PROTECTED)) == "False"
@@ -30,6 +31,7 @@ print("read in place", flush=True)
 """
 
 
+@pytest.mark.child_process
 def test_a_host_read_of_device_memory_faults_with_a_message(run_python):
     proc = run_python(HOST_READ, env=PROTECTED, check=False)
     assert proc.returncode != 0 and "read in place" not in proc.stdout
@@ -62,5 +64,6 @@ print(sorted(k for k, ok in out.items() if not ok))
 """
 
 
+@pytest.mark.child_process
 def test_every_path_to_device_memory_works_as_device_work(run_python):
     assert last_line(run_python(PATHS, env=PROTECTED, timeout=300)) == "[]"

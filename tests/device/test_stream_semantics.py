@@ -184,6 +184,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.child_process
 def test_deferred_error_keeps_its_type_and_reaches_the_stream_that_waited(run_python):
     out = child_json(run_python, DEFERRED, env=ALWAYS_ENQUEUE)
     assert out["shape_at_call"] and out["returned"]
@@ -221,6 +222,7 @@ except IndexError as e:
 """
 
 
+@pytest.mark.child_process
 @pytest.mark.parametrize("show", [None, "1"])
 def test_deferred_error_shows_the_cpp_backtrace_only_when_asked(run_python, show):
     out = last_line(run_python(BACKTRACE, env={**ALWAYS_ENQUEUE, "TORCH_SHOW_CPP_STACKTRACES": show, "TORCH_DISABLE_ADDR2LINE": "1"}))
@@ -250,6 +252,7 @@ print(bad)
 """
 
 
+@pytest.mark.child_process
 def test_empty_cache_on_another_thread_never_frees_memory_queued_kernels_use(run_python):
     assert last_line(run_python(EMPTY_CACHE_RACE, env=ALWAYS_ENQUEUE)) == "0"
 
@@ -282,12 +285,14 @@ print(len(errors))
 """
 
 
+@pytest.mark.child_process
 @pytest.mark.parametrize("policy", ["default", "always_enqueue"])
 def test_host_executed_op_never_gets_a_block_queued_kernels_still_read(run_python, policy):
     env = ALWAYS_ENQUEUE if policy == "always_enqueue" else {"NPU_EMU_ALWAYS_ENQUEUE": None}
     assert last_line(run_python(HOST_OP_REUSE, env=env)) == "0"
 
 
+@pytest.mark.child_process
 def test_oom_with_a_pending_kernel_error_raises_the_oom_and_keeps_the_error(run_python):
     code = r"""
 import json, torch
@@ -355,6 +360,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.child_process
 @pytest.mark.parametrize("policy", ["default", "always_enqueue"])
 def test_seed_and_saved_state_replay_whatever_the_launch_policy(run_python, policy):
     env = ALWAYS_ENQUEUE if policy == "always_enqueue" else {"NPU_EMU_ALWAYS_ENQUEUE": None}
@@ -413,6 +419,7 @@ print(json.dumps(child))
 
 
 # torch.npu.init() alone starts the runtime, as torch.cuda.init() does.
+@pytest.mark.child_process
 @pytest.mark.parametrize("start", ['torch.ones(3, device="npu").sum().item()', "torch.npu.init()"])
 def test_a_forked_child_gets_cudas_error_naming_spawn(run_python, start):
     out = child_json(run_python, FORK.replace("START", start))
@@ -441,6 +448,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.child_process
 def test_a_spawned_child_uses_the_npu(run_python, tmp_path):
     script = tmp_path / "spawn_child.py"
     script.write_text(SPAWN)
@@ -458,6 +466,7 @@ def test_record_stream_with_a_stream_that_does_not_exist_raises():
     del x  # the deleter must not abort the interpreter
 
 
+@pytest.mark.child_process
 def test_pinned_copies_do_not_accumulate_events_and_freeing_does_not_wait(run_python):
     code = r"""
 import json, time, torch
@@ -527,6 +536,7 @@ def test_unknown_op_policy_suggests_the_closest_names():
     assert torch_npu.NPUFallbackMode.op_fallbacks() == {}
 
 
+@pytest.mark.child_process
 def test_fallback_mode_is_parsed_the_same_from_python_and_the_environment(run_python):
     torch_npu.set_fallback_mode("ERROR")
     assert torch_npu.get_fallback_mode() == "error"
@@ -536,6 +546,7 @@ def test_fallback_mode_is_parsed_the_same_from_python_and_the_environment(run_py
     assert last_line(out) == "error"
 
 
+@pytest.mark.child_process
 @pytest.mark.parametrize("variable, value, expect", [
     ("NPU_EMU_DEVICES", "4294967297", "NPU_EMU_DEVICES='4294967297' is out of range"),
     ("NPU_EMU_DEVICES", "99999999999999999999", "NPU_EMU_DEVICES='99999999999999999999' is out of range"),
@@ -554,6 +565,7 @@ def test_bad_environment_values_fail_the_import_naming_the_variable(run_python, 
     assert variable in proc.stderr and expect in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.child_process
 def test_the_ascend_adapters_switch_names_are_ours(run_python):
     show = ("import os, torch, torch_npu; print(torch.npu.device_count(), os.environ.get('NPU_LAUNCH_BLOCKING'), "
             "torch_npu.get_fallback_mode())")
@@ -623,6 +635,7 @@ print(len(errors), errors[:3])
 """
 
 
+@pytest.mark.child_process
 @pytest.mark.parametrize("policy", ["default", "always_enqueue"])
 def test_stress_threads_streams_events_and_record_stream_give_exact_results(run_python, policy):
     env = ALWAYS_ENQUEUE if policy == "always_enqueue" else {"NPU_EMU_ALWAYS_ENQUEUE": None}
@@ -660,6 +673,7 @@ print(len(wrong), wrong[:3])
 """
 
 
+@pytest.mark.child_process
 @pytest.mark.parametrize("policy", ["default", "always_enqueue"])
 def test_threads_sharing_a_stream_each_see_exactly_their_own_results(run_python, policy):
     env = ALWAYS_ENQUEUE if policy == "always_enqueue" else {"NPU_EMU_ALWAYS_ENQUEUE": None}

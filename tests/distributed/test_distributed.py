@@ -50,6 +50,7 @@ def test_ddp_matches_single_process_training():
         assert out.count(f"{name} OK") == 2, out
 
 
+@pytest.mark.child_process
 @pytest.mark.parametrize("how", ["exit", "stall"])
 def test_a_dead_or_stalled_peer_raises_instead_of_hanging(how):
     # Plain processes, not torchrun: its agent would stop rank 0 as soon as rank 1 exits.

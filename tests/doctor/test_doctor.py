@@ -190,6 +190,7 @@ def test_interrupted_script_that_changed_directory_gets_its_report(tmp_path):
     assert f["file"] == str(script) and f["line"] == 5 and f["code"] == "x.sum().item()"
 
 
+@pytest.mark.child_process
 def test_cli_errors_are_clear():
     result = doctor_cli("no/such/script.py")
     assert result.returncode == 2 and "no such script: no/such/script.py" in result.stderr
@@ -852,6 +853,7 @@ print("graphs", u.counters["stats"]["unique_graphs"])
 """
 
 
+@pytest.mark.child_process
 def test_compiled_code_runs_compiled_under_the_doctor(tmp_path):
     script = tmp_path / "compiled.py"
     script.write_text(COMPILED)

@@ -195,6 +195,7 @@ def test_invalid_mode_raises_value_error():
         NPUFallbackMode.set_op_fallback("exp", "gpu")
 
 
+@pytest.mark.child_process
 def test_env_fallback_mode_error(run_python):
     proc = run_python("""
         import json, torch, torch_npu
@@ -215,6 +216,7 @@ def test_env_fallback_mode_error(run_python):
     assert abs(out["native_ok"] - 3 * 2.718281828) < 1e-4
 
 
+@pytest.mark.child_process
 def test_env_fallback_mode_warn(run_python):
     proc = run_python("""
         import torch_npu
@@ -223,6 +225,7 @@ def test_env_fallback_mode_warn(run_python):
     assert last_line(proc) == "warn"
 
 
+@pytest.mark.child_process
 def test_env_defaults(run_python):
     """Without the variables: auto mode, no policies, no retry on kernel errors."""
     proc = run_python("""
@@ -233,6 +236,7 @@ def test_env_defaults(run_python):
     assert json.loads(last_line(proc)) == ["auto", {}, False]
 
 
+@pytest.mark.child_process
 @pytest.mark.parametrize("statement", ["import torch_npu", "import torch"])
 def test_env_bogus_fallback_mode_fails_import(run_python, statement):
     proc = run_python(statement, env={"NPU_FALLBACK_MODE": "bogus"}, check=False)
@@ -320,6 +324,7 @@ def test_clear_op_fallbacks():
     assert registry.get("exp").backend == "npu"
 
 
+@pytest.mark.child_process
 def test_env_fallback_ops(run_python):
     proc = run_python("""
         import json, torch, torch_npu
@@ -342,6 +347,7 @@ def test_env_fallback_ops(run_python):
     assert out["exp_backend"] == "cpu"
 
 
+@pytest.mark.child_process
 def test_env_fallback_on_error_retries_on_cpu(run_python):
     """An op whose npu kernel raises but whose cpu kernel succeeds: median of a tensor that
     takes 60% of a 64 MiB npu. ATen's median clones its input; on the npu the clone does not

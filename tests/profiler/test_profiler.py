@@ -104,6 +104,7 @@ def test_memory_per_op_matches_the_allocator(clean_npu, tmp_path):
     del kept
 
 
+@pytest.mark.child_process
 def test_work_on_stream_workers_is_timed_there_and_reports_memory(run_python):
     """With every kernel queued to its stream's worker thread, kernels still link
     to the op that launched them and start after the work before them, what they
