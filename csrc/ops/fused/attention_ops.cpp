@@ -47,9 +47,9 @@
 #include "../../core/profile.h"
 #include "../../runtime/tracing.h"
 #include "../host/host_execution.h"
-#include "fast_exp.h"
+#include "../host/fused/fast_exp.h"
 #include "common.h"
-#include "on_host.h"
+#include "../host/fused/on_host.h"
 
 namespace npu::ops {
 namespace {

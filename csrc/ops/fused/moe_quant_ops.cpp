@@ -44,9 +44,9 @@
 #include "../../runtime/tracing.h"
 #include "../host/dtypes.h"
 #include "../host/host_execution.h"
-#include "fast_exp.h"
+#include "../host/fused/fast_exp.h"
 #include "common.h"
-#include "on_host.h"
+#include "../host/fused/on_host.h"
 
 namespace npu::ops {
 namespace {

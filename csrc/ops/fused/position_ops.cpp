@@ -46,7 +46,7 @@
 #include "../host/dtypes.h"
 #include "../host/host_execution.h"
 #include "common.h"
-#include "on_host.h"
+#include "../host/fused/on_host.h"
 
 namespace npu::ops {
 namespace {
