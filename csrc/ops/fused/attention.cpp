@@ -10,7 +10,8 @@
 //
 // The kernels are boxed: these operators have up to 45 arguments, most of them
 // quantization options the npu refuses; the kernels read arguments by name and
-// every unsupported option is refused by name.
+// every unsupported option is refused by name. The four inference operators
+// share one parser (Spelling names their arguments).
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -426,130 +427,122 @@ void asDecode(Request& r, const Geometry& g) {
   r.pre = r.next = kNoBand;
 }
 
-Request promptRequest(const Args& a) {
+// How an inference operator names the arguments the four share (nullptr: it has none).
+struct Spelling {
+  const char* op;
+  const char* heads;   // the query heads
+  const char* scale;
+  const char* qLens;   // the actual query lengths
+  const char* kvLens;  // the actual key/value lengths
+  bool prefill;        // more than one query per sequence: pre/next tokens, sparse_mode, layouts TND and BNSD_BSND
+  bool paged;          // block_table and block_size
+  bool antiquant;      // antiquant_scale and antiquant_offset (an int8 cache)
+  const char* lse;     // the flag asking for softmax_lse
+  const char* sink;    // learnable_sink
+};
+
+constexpr Spelling kPrompt{"npu_prompt_flash_attention", "num_heads", "scale_value", "actual_seq_lengths",
+                           "actual_seq_lengths_kv", true, false, false, nullptr, nullptr};
+constexpr Spelling kIncre{"npu_incre_flash_attention", "num_heads", "scale_value", nullptr, "actual_seq_lengths",
+                          false, true, true, nullptr, nullptr};
+constexpr Spelling kFusedInfer{"npu_fused_infer_attention_score", "num_heads", "scale", "actual_seq_lengths",
+                               "actual_seq_lengths_kv", true, true, true, "softmax_lse_flag", nullptr};
+constexpr Spelling kFusedInferV2{"npu_fused_infer_attention_score_v2", "num_query_heads", "softmax_scale",
+                                 "actual_seq_qlen", "actual_seq_kvlen", true, true, false, "return_softmax_lse",
+                                 "learnable_sink"};
+
+// The request of an inference operator, after its own refusals. `shapes_only`: for
+// callers that read the geometry alone (the workspace query), an int8 cache is checked
+// but not dequantized.
+Request inferenceRequest(const Args& a, const Spelling& s, bool shapes_only = false) {
   Request r;
-  r.op = "npu_prompt_flash_attention";
-  a.refuse(r.op, {"padding_mask", "deq_scale1", "quant_scale1", "deq_scale2", "quant_scale2", "quant_offset2"},
-           "int8 quantization; padding_mask is reserved");
+  r.op = s.op;
   r.q = a.tensor("query");
   r.k = a.tensor("key");
   r.v = a.tensor("value");
-  checkInferenceDtypes(r.op, r.q, r.k, r.v);
-  parseLayout(r, a.str("input_layout"), {"BSH", "BSND", "BNSD", "BNSD_BSND", "TND"});
-  r.heads = a.integer("num_heads");
+  if (s.paged) r.blockTable = a.tensor("block_table");
+  // An int8 cache is dequantized before the dtypes are checked, and after the layout
+  // (the shape of its scales follows the layout).
+  if (!s.antiquant) checkInferenceDtypes(r.op, r.q, r.k, r.v);
+  if (s.prefill) {
+    parseLayout(r, a.str("input_layout"), {"BSH", "BSND", "BNSD", "BNSD_BSND", "TND"});
+  } else {
+    parseLayout(r, a.str("input_layout"), {"BSH", "BSND", "BNSD"});
+  }
+  if (s.antiquant) {
+    dequantizeKv(r, a.tensor("antiquant_scale"), a.tensor("antiquant_offset"), shapes_only);
+    checkInferenceDtypes(r.op, r.q, r.k, r.v);
+  }
+  r.heads = a.integer(s.heads);
   r.kvHeads = a.integer("num_key_value_heads");
-  r.scale = a.real("scale_value");
-  r.pre = a.integer("pre_tokens");
-  r.next = a.integer("next_tokens");
-  r.sparse = a.integer("sparse_mode");
+  r.scale = a.real(s.scale);
+  if (s.prefill) {
+    r.pre = a.integer("pre_tokens");
+    r.next = a.integer("next_tokens");
+    r.sparse = a.integer("sparse_mode");
+  }
   r.mask = a.tensor("atten_mask");
   r.pse = a.tensor("pse_shift");
-  r.qLensCount = a.length("actual_seq_lengths");
-  r.kvLensCount = a.length("actual_seq_lengths_kv");
-  checkSparse(r, {0, 1, 2, 3, 4});
+  if (s.qLens) r.qLensCount = a.length(s.qLens);
+  r.kvLensCount = a.length(s.kvLens);
+  if (s.paged) r.blockSize = a.integer("block_size");
+  if (s.lse) r.wantLse = a.flag(s.lse);
+  if (s.sink) {
+    r.sink = a.tensor(s.sink);
+    if (r.sink.defined()) {
+      TORCH_CHECK(r.in == Layout::TND && r.sink.scalar_type() == at::kBFloat16 && r.sink.dim() == 1 &&
+                      r.sink.size(0) == r.heads,
+                  "npu::", r.op, ": learnable_sink must be bfloat16 of shape (num_query_heads,) = (", r.heads,
+                  ",) with layout TND (the Ascend limits), got ", r.sink.scalar_type(), " ", r.sink.sizes(), " with ",
+                  a.str("input_layout"));
+    }
+  }
+  if (s.prefill) {
+    checkSparse(r, {0, 1, 2, 3, 4});
+  } else {
+    r.decodeMaskShapes = true;
+  }
   return r;
+}
+
+Request promptRequest(const Args& a) {
+  a.refuse(kPrompt.op, {"padding_mask", "deq_scale1", "quant_scale1", "deq_scale2", "quant_scale2", "quant_offset2"},
+           "int8 quantization; padding_mask is reserved");
+  return inferenceRequest(a, kPrompt);
 }
 
 Request increRequest(const Args& a) {
-  Request r;
-  r.op = "npu_incre_flash_attention";
-  a.refuse(r.op, {"padding_mask", "dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2",
-                  "quant_offset2", "kv_padding_size"},
+  a.refuse(kIncre.op, {"padding_mask", "dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2",
+                       "quant_offset2", "kv_padding_size"},
            "int8 queries and results, and left padding; padding_mask is reserved");
-  r.q = a.tensor("query");
-  r.k = a.tensor("key");
-  r.v = a.tensor("value");
-  r.blockTable = a.tensor("block_table");
-  parseLayout(r, a.str("input_layout"), {"BSH", "BSND", "BNSD"});
-  dequantizeKv(r, a.tensor("antiquant_scale"), a.tensor("antiquant_offset"));
-  checkInferenceDtypes(r.op, r.q, r.k, r.v);
-  r.heads = a.integer("num_heads");
-  r.kvHeads = a.integer("num_key_value_heads");
-  r.scale = a.real("scale_value");
-  r.mask = a.tensor("atten_mask");
-  r.pse = a.tensor("pse_shift");
-  r.kvLensCount = a.length("actual_seq_lengths");  // the key/value lengths, for this operator
-  r.blockSize = a.integer("block_size");
-  r.decodeMaskShapes = true;
-  return r;
+  return inferenceRequest(a, kIncre);
 }
 
-// `shapes_only`: for callers that read the geometry alone (the workspace query), an
-// int8 cache is checked but not dequantized.
 Request fusedInferRequest(const Args& a, bool shapes_only = false) {
-  Request r;
-  r.op = "npu_fused_infer_attention_score";
-  a.refuse(r.op, {"dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2", "quant_offset2",
-                  "key_antiquant_scale", "key_antiquant_offset", "value_antiquant_scale", "value_antiquant_offset",
-                  "key_rope_antiquant_scale"},
+  const char* op = kFusedInfer.op;
+  a.refuse(op, {"dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2", "quant_offset2",
+                "key_antiquant_scale", "key_antiquant_offset", "value_antiquant_scale", "value_antiquant_offset",
+                "key_rope_antiquant_scale"},
            "int8 queries and results, and separate key and value antiquant; an int8 cache takes antiquant_scale "
            "and antiquant_offset");
-  a.refuse(r.op, {"query_padding_size", "kv_padding_size", "key_shared_prefix", "value_shared_prefix",
-                  "actual_shared_prefix_len", "query_rope", "key_rope"},
+  a.refuse(op, {"query_padding_size", "kv_padding_size", "key_shared_prefix", "value_shared_prefix",
+                "actual_shared_prefix_len", "query_rope", "key_rope"},
            "left padding, shared prefixes and MLA's rope inputs");
-  TORCH_CHECK(!a.given("antiquant_scale") || a.integer("antiquant_mode") == 0, "npu::", r.op, ": antiquant_mode ",
+  TORCH_CHECK(!a.given("antiquant_scale") || a.integer("antiquant_mode") == 0, "npu::", op, ": antiquant_mode ",
               a.integer("antiquant_mode"), " is not supported on the npu device; use 0 (per channel)");
-  r.q = a.tensor("query");
-  r.k = a.tensor("key");
-  r.v = a.tensor("value");
-  r.blockTable = a.tensor("block_table");
-  parseLayout(r, a.str("input_layout"), {"BSH", "BSND", "BNSD", "BNSD_BSND", "TND"});
-  dequantizeKv(r, a.tensor("antiquant_scale"), a.tensor("antiquant_offset"), shapes_only);
-  checkInferenceDtypes(r.op, r.q, r.k, r.v);
-  r.heads = a.integer("num_heads");
-  r.kvHeads = a.integer("num_key_value_heads");
-  r.scale = a.real("scale");
-  r.pre = a.integer("pre_tokens");
-  r.next = a.integer("next_tokens");
-  r.sparse = a.integer("sparse_mode");
-  r.mask = a.tensor("atten_mask");
-  r.pse = a.tensor("pse_shift");
-  r.qLensCount = a.length("actual_seq_lengths");
-  r.kvLensCount = a.length("actual_seq_lengths_kv");
-  r.blockSize = a.integer("block_size");
-  r.wantLse = a.flag("softmax_lse_flag");
-  checkSparse(r, {0, 1, 2, 3, 4});
-  return r;
+  return inferenceRequest(a, kFusedInfer, shapes_only);
 }
 
 Request fusedInferV2Request(const Args& a) {
-  Request r;
-  r.op = "npu_fused_infer_attention_score_v2";
-  a.refuse(r.op, {"dequant_scale_query", "dequant_scale_key", "dequant_offset_key", "dequant_scale_value",
-                  "dequant_offset_value", "dequant_scale_key_rope", "quant_scale_out", "quant_offset_out",
-                  "quant_scale_p", "query_dtype", "key_dtype", "value_dtype", "query_rope_dtype", "key_rope_dtype",
-                  "key_shared_prefix_dtype", "value_shared_prefix_dtype", "dequant_scale_query_dtype",
-                  "dequant_scale_key_dtype", "dequant_scale_value_dtype", "dequant_scale_key_rope_dtype", "out_dtype"},
+  const char* op = kFusedInferV2.op;
+  a.refuse(op, {"dequant_scale_query", "dequant_scale_key", "dequant_offset_key", "dequant_scale_value",
+                "dequant_offset_value", "dequant_scale_key_rope", "quant_scale_out", "quant_offset_out",
+                "quant_scale_p", "query_dtype", "key_dtype", "value_dtype", "query_rope_dtype", "key_rope_dtype",
+                "key_shared_prefix_dtype", "value_shared_prefix_dtype", "dequant_scale_query_dtype",
+                "dequant_scale_key_dtype", "dequant_scale_value_dtype", "dequant_scale_key_rope_dtype", "out_dtype"},
            "quantization and dtype overrides");
-  a.refuse(r.op, {"query_rope", "key_rope"}, "MLA's rope inputs");
-  r.q = a.tensor("query");
-  r.k = a.tensor("key");
-  r.v = a.tensor("value");
-  checkInferenceDtypes(r.op, r.q, r.k, r.v);
-  parseLayout(r, a.str("input_layout"), {"BSH", "BSND", "BNSD", "BNSD_BSND", "TND"});
-  r.heads = a.integer("num_query_heads");
-  r.kvHeads = a.integer("num_key_value_heads");
-  r.scale = a.real("softmax_scale");
-  r.pre = a.integer("pre_tokens");
-  r.next = a.integer("next_tokens");
-  r.sparse = a.integer("sparse_mode");
-  r.mask = a.tensor("atten_mask");
-  r.pse = a.tensor("pse_shift");
-  r.qLensCount = a.length("actual_seq_qlen");
-  r.kvLensCount = a.length("actual_seq_kvlen");
-  r.blockTable = a.tensor("block_table");
-  r.blockSize = a.integer("block_size");
-  r.wantLse = a.flag("return_softmax_lse");
-  r.sink = a.tensor("learnable_sink");
-  if (r.sink.defined()) {
-    TORCH_CHECK(r.in == Layout::TND && r.sink.scalar_type() == at::kBFloat16 && r.sink.dim() == 1 &&
-                    r.sink.size(0) == r.heads,
-                "npu::", r.op, ": learnable_sink must be bfloat16 of shape (num_query_heads,) = (", r.heads,
-                ",) with layout TND (the Ascend limits), got ", r.sink.scalar_type(), " ", r.sink.sizes(), " with ",
-                a.str("input_layout"));
-  }
-  checkSparse(r, {0, 1, 2, 3, 4});
-  return r;
+  a.refuse(op, {"query_rope", "key_rope"}, "MLA's rope inputs");
+  return inferenceRequest(a, kFusedInferV2);
 }
 
 // Reads the actual lengths (concrete values: kernels only).
@@ -562,7 +555,7 @@ template <bool Meta>
 void promptKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   Args a(op, stack);
   Request r = promptRequest(a);
-  if (!Meta) readLengths(r, a, "actual_seq_lengths", "actual_seq_lengths_kv");
+  if (!Meta) readLengths(r, a, kPrompt.qLens, kPrompt.kvLens);
   a.finish(std::get<0>(Meta ? attentionForwardMeta(r) : attentionForward(r)));
 }
 
@@ -570,7 +563,7 @@ template <bool Meta>
 void increKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   Args a(op, stack);
   Request r = increRequest(a);
-  if (!Meta) readLengths(r, a, nullptr, "actual_seq_lengths");
+  if (!Meta) readLengths(r, a, kIncre.qLens, kIncre.kvLens);
   if (!symbolic(r.q)) {
     const Geometry g = describe(r);
     TORCH_CHECK(g.Sq == 1, "npu::", r.op, ": decodes one query per sequence (query's S must be 1, got ", g.Sq,
@@ -582,9 +575,8 @@ void increKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 template <bool Meta, bool V2>
 std::tuple<at::Tensor, at::Tensor> fusedInfer(const Args& a) {
   Request r = V2 ? fusedInferV2Request(a) : fusedInferRequest(a);
-  if (!Meta) {
-    readLengths(r, a, V2 ? "actual_seq_qlen" : "actual_seq_lengths", V2 ? "actual_seq_kvlen" : "actual_seq_lengths_kv");
-  }
+  const Spelling& s = V2 ? kFusedInferV2 : kFusedInfer;
+  if (!Meta) readLengths(r, a, s.qLens, s.kvLens);
   if (Meta && (symbolic(r.q) || symbolic(r.k) || symbolic(r.v))) return attentionForwardSymbolic(r);
   Request probe = r;
   asDecode(r, describe(probe));
