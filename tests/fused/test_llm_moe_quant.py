@@ -1,4 +1,4 @@
-"""The MoE and quantization npu_* ops of LLM serving and training (csrc/ops/fused/moe_quant_ops.cpp)
+"""The MoE and quantization npu_* ops of LLM serving and training (csrc/ops/fused/moe_quant.cpp)
 against their reference compositions: float32, float16, bfloat16 (int8 for the quantized ones),
 npu and cpu tensors, gradients, torch.compile, the errors; end to end, a MoE layer trained
 beside the dense expert loop and a W8A8 linear layer (examples/moe_w8a8.py)."""

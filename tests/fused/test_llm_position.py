@@ -1,4 +1,4 @@
-"""The positional and sampling operators of LLM serving (csrc/ops/fused/position_ops.cpp) against
+"""The positional and sampling operators of LLM serving (csrc/ops/fused/position.cpp) against
 the compositions they stand for: float32, float16 and bfloat16 at small real-model shapes, npu and
 cpu tensors, gradients where the op has a backward, torch.compile, and the errors of bad input."""
 import json

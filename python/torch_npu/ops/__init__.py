@@ -1,10 +1,10 @@
 """The Python face of the npu op library (csrc/ops): one module per family of C++ ops.
 
-* ``attention``: the attention operators (csrc/ops/fused/attention_ops.cpp) and
+* ``attention``: the attention operators (csrc/ops/fused/attention.cpp) and
   ``npu_fusion_attention``, composed from the flash kernel;
-* ``moe_quant``: mixture of experts and quantization (moe_quant_ops.cpp);
-* ``position``: positional encodings, sampling, masked softmax (position_ops.cpp);
-* ``fused``: RMSNorm, SwiGLU, rotary, fused add-matmul (fused_ops.cpp);
+* ``moe_quant``: mixture of experts and quantization (moe_quant.cpp);
+* ``position``: positional encodings, sampling, masked softmax (position.cpp);
+* ``fused``: RMSNorm, SwiGLU, rotary, fused add-matmul (fused.cpp);
 * ``formats``: the Ascend storage formats, kept as metadata;
 * ``custom``: your own operators (``register_npu_op``);
 * ``registry``: which implementation serves each op (``torch_npu._ops_registry`` is this module).

@@ -1,7 +1,7 @@
 """The attention operators of LLM serving, with the Ascend adapter's signatures.
 
 Code written for the Ascend adapter (vllm-ascend, MindSpeed) calls them directly;
-here they are C++ operators (csrc/ops/fused/attention_ops.cpp) for npu and cpu
+here they are C++ operators (csrc/ops/fused/attention.cpp) for npu and cpu
 tensors, ``torch.ops.npu.<name>``, with meta kernels so torch.compile traces them.
 ``torch_npu.<name>`` calls the operator. They compute in float32 and take the
 layouts, masks, sparse modes, GQA and paged KV caches the Ascend operators take;
@@ -9,8 +9,8 @@ quantization options are refused by name. None has a backward (inference
 operators), except ``npu_fusion_attention_grad``, which is one.
 
 ``npu_fusion_attention``, the Ascend adapter's fused attention for training, is here
-too (its schema is in fused_ops.cpp, its backward ``npu_fusion_attention_grad`` in
-attention_ops.cpp): transformers (``integrations/npu_flash_attention.py``) and other
+too (its schema is in fused.cpp, its backward ``npu_fusion_attention_grad`` in
+attention.cpp): transformers (``integrations/npu_flash_attention.py``) and other
 libraries call it when they see a package named torch_npu. It runs the flash attention
 kernel the npu shares with the cpu (``_scaled_dot_product_flash_attention_for_cpu``,
 tiled, no full score matrix), with its autograd, for the Ascend layouts and sparse

@@ -1,8 +1,8 @@
 """The mixture-of-experts and quantization ops of LLM serving and training.
 
 ``torch_npu.<name>`` and ``torch.ops.npu.<name>`` with the Ascend adapter's
-signatures, defaults and result tuples (csrc/ops/fused/moe_quant_ops.cpp holds
-the kernels and their meta kernels). Here: their derivatives, where training
+signatures, defaults and result tuples (csrc/ops/fused/moe_quant.cpp holds
+the schemas and meta kernels, csrc/ops/host/fused/moe_quant_kernels.cpp the kernels). Here: their derivatives, where training
 code differentiates through them, and the public names.
 
 - ``npu_moe_gating_top_k_softmax``: the top-k of softmax(x); backward through the

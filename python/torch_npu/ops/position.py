@@ -1,4 +1,4 @@
-"""The positional and sampling operators of LLM serving and training (csrc/ops/fused/position_ops.cpp).
+"""The positional and sampling operators of LLM serving and training (csrc/ops/fused/position.cpp).
 
 Exposed as ``torch.ops.npu.<name>`` and ``torch_npu.<name>`` with the Ascend adapter's signatures,
 defaults and results. The kernels serve npu and cpu tensors; their meta kernels (C++) let

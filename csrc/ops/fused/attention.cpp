@@ -2,61 +2,38 @@
 // npu_prompt_flash_attention (prefill), npu_incre_flash_attention (decode),
 // npu_fused_infer_attention_score (+ _v2: either), npu_scatter_pa_kv_cache /
 // npu_gather_pa_kv_cache (the paged KV cache) and npu_fusion_attention_grad (the
-// backward of npu_fusion_attention, torch_npu/_attention.py).
-//
-// One attention core serves them all. The work is tiles: query rows of one batch
-// for the group of query heads of one kv head (GQA: consecutive query heads share
-// a kv head), each over only the keys its rows can see (the sparse mode's
-// geometry, the band, the actual lengths). A tile takes one float32 matmul for
-// its scores, one pass per row for the maximum and one for exp and the sum
-// (atten_mask applied there), and one matmul by V: the full score matrix never
-// exists. Where a row of a tensor lies is an affine
-// function of (batch, head, position) for each layout (Rows), or the block
-// table's mapping for a paged cache, so no layout is ever transposed in memory.
+// backward of npu_fusion_attention, torch_npu/ops/attention.py). Here: their
+// schemas, the parsing and checks of their arguments into a Request, its
+// shapes (Geometry), the meta kernels (the same checks and shapes) that let
+// torch.compile trace them, and the npu and cpu kernels, which run the host
+// kernels (ops/host/fused/attention_kernels.cpp) on the checked request.
 //
 // The kernels are boxed: these operators have up to 45 arguments, most of them
 // quantization options the npu refuses; the kernels read arguments by name and
-// every unsupported option is refused by name. Meta kernels (the same checks and
-// shapes) let torch.compile trace them.
+// every unsupported option is refused by name. The four inference operators
+// share one parser (Spelling names their arguments).
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
-#include <ATen/Parallel.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/full.h>
-#include <ATen/ops/mm.h>
-#include <ATen/ops/zeros.h>
-#include <ATen/ops/where.h>
-#include <ATen/ops/searchsorted.h>
 #include <ATen/ops/_unique.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/searchsorted.h>
+#include <ATen/ops/where.h>
 #include <c10/util/accumulate.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
-#include <cmath>
-#include <cstring>
 #include <cstdint>
-#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "../../core/device.h"
-#include "../../core/profile.h"
-#include "../../runtime/tracing.h"
-#include "../host/host_execution.h"
-#include "fast_exp.h"
+#include "attention.h"
 #include "common.h"
-#include "on_host.h"
 
-namespace npu::ops {
+namespace npu::ops::attention {
 namespace {
-
-constexpr int64_t kNoBand = 2147483647;
-// At most this many query rows per tile: causal tiles then skip about half the keys.
-constexpr int64_t kTileRows = 64;
 
 // ---- boxed arguments ---------------------------------------------------------------
 
@@ -119,8 +96,6 @@ class Args {
 
 // ---- layouts -----------------------------------------------------------------------
 
-enum class Layout { BSH, SBH, BSND, BNSD, TND };
-
 const char* layoutName(Layout l) {
   switch (l) {
     case Layout::BSH: return "BSH";
@@ -130,36 +105,6 @@ const char* layoutName(Layout l) {
     case Layout::TND: return "TND";
   }
   return "?";
-}
-
-// Where row (b, n, i) (batch, head, position) of a [rows, D] view of a tensor lies.
-struct Rows {
-  std::vector<int64_t> base;  // per batch
-  int64_t head = 0, seq = 0;
-  int64_t at(int64_t b, int64_t n, int64_t i) const { return base[b] + n * head + i * seq; }
-};
-
-// `starts`: the first position of each batch in T (TND) ; s: the padded length (else).
-Rows rowsOf(Layout l, int64_t batches, int64_t heads, int64_t s, const std::vector<int64_t>& starts) {
-  Rows r;
-  r.base.resize(batches);
-  for (int64_t b = 0; b < batches; ++b) {
-    switch (l) {
-      case Layout::BSH:
-      case Layout::BSND: r.base[b] = b * s * heads; break;
-      case Layout::BNSD: r.base[b] = b * heads * s; break;
-      case Layout::SBH: r.base[b] = b * heads; break;
-      case Layout::TND: r.base[b] = starts[b] * heads; break;
-    }
-  }
-  switch (l) {
-    case Layout::BSH:
-    case Layout::BSND:
-    case Layout::TND: r.head = 1; r.seq = heads; break;
-    case Layout::BNSD: r.head = s; r.seq = 1; break;
-    case Layout::SBH: r.head = 1; r.seq = batches * heads; break;
-  }
-  return r;
 }
 
 // The batch, heads, sequence length and head size of a tensor in a layout; for
@@ -195,33 +140,6 @@ Dims dimsOf(const char* op, const char* name, const at::Tensor& t, Layout l, int
 
 // ---- the attention problem ---------------------------------------------------------
 
-// Everything an attention call asks, as the ops' arguments give it.
-struct Request {
-  const char* op = "";
-  at::Tensor q, k, v;             // k, v: the cache blocks when `block_table` is given
-  Layout in = Layout::BSH, out = Layout::BSH;
-  int64_t heads = 1, kvHeads = 0;  // kvHeads 0: as many as query heads
-  bool headsFromShape = false;     // FA: 4-D layouts take the head counts from the shapes
-  double scale = 1.0;
-  int64_t pre = kNoBand, next = kNoBand, sparse = 0;
-  bool bandWithoutMask = false;    // FA: sparse mode 0 bands even without atten_mask
-  bool decodeMaskShapes = false;   // IFA/FIA with one query: atten_mask may be (B, KV_S)
-  at::Tensor mask, pse;
-  std::optional<std::vector<int64_t>> qLens, kvLens;  // actual lengths (TND: cumulative ends)
-  int64_t qLensCount = -1, kvLensCount = -1;          // their lengths (meta kernels too)
-  at::Tensor blockTable;
-  int64_t blockSize = 0;
-  bool wantLse = false;
-  at::Tensor sink;  // learnable_sink: one logit per query head, in every row's softmax
-};
-
-// The shapes of a request (no data is read: meta kernels use it too).
-struct Geometry {
-  int64_t B = 0, N = 0, KVN = 0, Sq = 0, Skv = 0, D = 0, Dv = 0;
-  bool paged = false, headMajorCache = false;  // cache [blocks, KVN, block_size, D] (else [blocks, block_size, H])
-  std::vector<int64_t> outShape, lseShape;
-};
-
 void checkMaskShape(const Request& r, const Geometry& g) {
   const at::Tensor& m = r.mask;
   TORCH_CHECK(m.scalar_type() == at::kBool || m.scalar_type() == at::kChar || m.scalar_type() == at::kByte, "npu::",
@@ -231,6 +149,8 @@ void checkMaskShape(const Request& r, const Geometry& g) {
               "on the npu device; pass the causal pattern with sparse_mode=3, or use layout BSND");
   TORCH_CHECK(m.dim() >= 2 && m.dim() <= 4, "npu::", r.op, ": atten_mask must have 2 to 4 dimensions, got ", m.sizes());
 }
+
+}  // namespace
 
 Geometry describe(Request& r) {
   const char* op = r.op;
@@ -345,412 +265,7 @@ Geometry describe(Request& r) {
   return g;
 }
 
-// Per batch: the query and key/value lengths, and (TND) where each starts.
-struct Lengths {
-  std::vector<int64_t> sq, skv, qStart, kvStart;
-};
-
-std::vector<int64_t> perBatch(const char* op, const char* what, const std::optional<std::vector<int64_t>>& given,
-                              int64_t batches, int64_t padded) {
-  std::vector<int64_t> out(batches, padded);
-  if (!given) return out;
-  TORCH_CHECK(given->size() == 1 || static_cast<int64_t>(given->size()) >= batches, "npu::", op, ": ", what,
-              " must have 1 or at least batch (", batches, ") entries, got ", given->size());
-  for (int64_t b = 0; b < batches; ++b) {
-    out[b] = (*given)[given->size() == 1 ? 0 : b];
-    TORCH_CHECK(out[b] >= 0 && out[b] <= padded, "npu::", op, ": ", what, "[", b, "] = ", out[b],
-                " must be in [0, ", padded, "]");
-  }
-  return out;
-}
-
-void cumulative(const char* op, const char* what, const std::vector<int64_t>& ends, int64_t total,
-                std::vector<int64_t>& lens, std::vector<int64_t>& starts) {
-  int64_t previous = 0;
-  for (int64_t end : ends) {
-    TORCH_CHECK(end >= previous && end <= total, "npu::", op, ": ", what, " are cumulative sequence ends in layout "
-                "TND: non-decreasing, at most ", total, ", got ", c10::IntArrayRef(ends));
-    starts.push_back(previous);
-    lens.push_back(end - previous);
-    previous = end;
-  }
-}
-
-Lengths lengthsOf(const Request& r, const Geometry& g) {
-  Lengths l;
-  if (r.in == Layout::TND) {
-    cumulative(r.op, "the actual query lengths", *r.qLens, g.Sq, l.sq, l.qStart);
-    if (r.blockTable.defined()) {  // paged: each sequence's own key/value length
-      l.skv = perBatch(r.op, "actual key/value length", r.kvLens, g.B, g.Skv);
-      l.kvStart.assign(g.B, 0);
-    } else {
-      cumulative(r.op, "the actual key/value lengths", *r.kvLens, r.k.size(0), l.skv, l.kvStart);
-    }
-  } else {
-    l.sq = perBatch(r.op, "actual query length", r.qLens, g.B, g.Sq);
-    l.skv = perBatch(r.op, "actual key/value length", r.kvLens, g.B, g.Skv);
-    l.qStart.assign(g.B, 0);
-    l.kvStart.assign(g.B, 0);
-  }
-  return l;
-}
-
-// Which scores a query row keeps: atten_mask (nonzero = masked out), the sparse
-// mode's geometry, the band of pre/next tokens.
-struct Masking {
-  at::Tensor bytes;  // atten_mask as uint8, 4-D [B or 1, N or 1, >= Sq, >= Skv], or undefined
-  int64_t sb = 0, sn = 0, si = 0;
-  int64_t mode = 0, pre = kNoBand, next = kNoBand;
-  bool band = false;
-};
-
-// The sparse mode's geometry and band, without atten_mask's content.
-Masking geometryOf(const Request& r) {
-  Masking m;
-  m.mode = r.sparse;
-  m.pre = r.pre;
-  m.next = r.next;
-  m.band = r.sparse == 4 ||
-           (r.sparse == 0 && (r.mask.defined() || r.bandWithoutMask) && (r.pre < kNoBand || r.next < kNoBand));
-  return m;
-}
-
-Masking maskingOf(const Request& r, const Geometry& g, const Lengths& l) {
-  Masking m = geometryOf(r);
-  // modes 2-4: geometry only; the compressed mask's content is the pattern itself
-  if (r.sparse >= 2 || !r.mask.defined()) return m;
-  at::Tensor mask = r.mask.to(at::kByte);
-  const int64_t maxSkv = *std::max_element(l.skv.begin(), l.skv.end());
-  if (mask.dim() == 2) {
-    mask = r.decodeMaskShapes ? mask.view({mask.size(0), 1, 1, mask.size(1)})    // (B, KV_S)
-                              : mask.view({1, 1, mask.size(0), mask.size(1)});  // (Q_S, KV_S)
-  } else if (mask.dim() == 3) {
-    mask = mask.unsqueeze(1);
-  }
-  TORCH_CHECK((mask.size(0) == 1 || mask.size(0) == g.B) && (mask.size(1) == 1 || mask.size(1) == g.N) &&
-                  mask.size(2) >= g.Sq && mask.size(3) >= maxSkv,
-              "npu::", r.op, ": atten_mask of shape ", r.mask.sizes(), " does not cover batch ", g.B, ", heads ", g.N,
-              ", ", g.Sq, " queries and ", maxSkv, " keys; use (Q_S, KV_S), (B, Q_S, KV_S), (B, 1, Q_S, KV_S)",
-              r.decodeMaskShapes ? " or (B, KV_S)" : "");
-  m.bytes = mask.contiguous();
-  m.sb = mask.size(0) == 1 ? 0 : m.bytes.stride(0);
-  m.sn = mask.size(1) == 1 ? 0 : m.bytes.stride(1);
-  m.si = m.bytes.stride(2);  // (the last dimension is contiguous)
-  return m;
-}
-
-// The keys query row i of a sequence may see by the sparse mode's geometry and the
-// band: [lo, hi] (before atten_mask). Both bounds grow with i.
-void keptRange(const Masking& m, int64_t i, int64_t sq, int64_t skv, int64_t* lo, int64_t* hi) {
-  const int64_t shift = skv - sq;  // bottom-right alignment
-  *lo = 0;
-  *hi = skv - 1;
-  if (m.mode == 2) *hi = i;
-  if (m.mode == 3) *hi = i + shift;
-  if (m.band && m.mode == 0) {
-    *lo = std::max<int64_t>(*lo, i - m.pre);
-    *hi = std::min<int64_t>(*hi, i + m.next);
-  }
-  if (m.band && m.mode == 4) {
-    *lo = std::max<int64_t>(*lo, i + shift - m.pre);
-    *hi = std::min<int64_t>(*hi, i + shift + m.next);
-  }
-  *lo = std::max<int64_t>(*lo, 0);
-  *hi = std::min<int64_t>(*hi, skv - 1);
-}
-
-// ---- vector loops (NPU_VECTOR_CLONES: common.h) ----------------------------------------
-// Row max over the kept keys [lo, hi] where mask (optional, 1 = masked) is 0.
-NPU_VECTOR_CLONES float keptMax(const float* s, int64_t lo, int64_t hi, const uint8_t* mask) {
-  float m = -std::numeric_limits<float>::infinity();
-  if (mask == nullptr) {
-#pragma omp simd reduction(max : m)
-    for (int64_t j = lo; j <= hi; ++j) m = std::max(m, s[j]);
-  } else {
-#pragma omp simd reduction(max : m)
-    for (int64_t j = lo; j <= hi; ++j) m = std::max(m, mask[j] ? -std::numeric_limits<float>::infinity() : s[j]);
-  }
-  return m;
-}
-
-// s[j] = exp(s[j] - m) * scale for the kept keys, 0 for the others (n columns); returns
-// the sum of the exps (before `scale`).
-NPU_VECTOR_CLONES float expRow(float* s, int64_t n, int64_t lo, int64_t hi, const uint8_t* mask, float m,
-                                   float scale) {
-  float sum = 0;
-  for (int64_t j = 0; j < lo; ++j) s[j] = 0;
-  if (mask == nullptr) {
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = lo; j <= hi; ++j) {
-      const float e = expOfNonPositive(s[j] - m);
-      sum += e;
-      s[j] = e * scale;
-    }
-  } else {
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = lo; j <= hi; ++j) {
-      const float e = mask[j] ? 0.0f : expOfNonPositive(s[j] - m);
-      sum += e;
-      s[j] = e * scale;
-    }
-  }
-  for (int64_t j = std::max<int64_t>(hi + 1, lo); j < n; ++j) s[j] = 0;
-  return sum;
-}
-
-// The rows of a tile: query rows i0.. of batch b, for the group of query heads of one kv
-// head, against keys [begin, end) of the sequence.
-struct Tile {
-  int64_t b = 0, kvHead = 0, n0 = 0, i0 = 0, rows = 0, begin = 0, end = 0;
-};
-
-// A float32 view (or copy) of rows of a [rows, D] view: sizes (..., D), steps in rows.
-at::Tensor strided(const at::Tensor& flat, int64_t first, std::vector<int64_t> sizes, std::vector<int64_t> steps) {
-  const int64_t d = flat.size(1);
-  for (auto& s : steps) s *= d;
-  sizes.push_back(d);
-  steps.push_back(1);
-  return flat.as_strided(sizes, steps, flat.storage_offset() + first * d);
-}
-
-// The host tensors and indexing of one attention call.
-struct Problem {
-  Geometry g;
-  Lengths len;
-  Masking masking;
-  at::Tensor qFlat, kFlat, vFlat;  // [rows, D]
-  Rows qRows, kvRows;
-  const int32_t* table = nullptr;
-  int64_t tableCols = 0, blockSize = 0;
-  at::Tensor pse;   // float32, 4-D, broadcast to [B, N, Sq, Skv] by strides
-  at::Tensor sink;  // float32 [N], or undefined
-  double scale = 1.0;
-  int64_t group() const { return g.N / g.KVN; }
-
-  // Keys [begin, end) of batch b, kv head h (or values, from vFlat), as float32 [end - begin, D].
-  at::Tensor keys(const at::Tensor& flat, int64_t b, int64_t h, int64_t begin, int64_t end) const {
-    const int64_t count = end - begin;
-    if (table == nullptr) {
-      return strided(flat, kvRows.at(b, h, len.kvStart[b] + begin), {count}, {kvRows.seq}).to(at::kFloat);
-    }
-    at::Tensor index = at::empty({count}, at::TensorOptions().dtype(at::kLong));
-    int64_t* ip = index.mutable_data_ptr<int64_t>();
-    for (int64_t j = begin; j < end; ++j) {
-      const int64_t block = table[b * tableCols + j / blockSize], offset = j % blockSize;
-      ip[j - begin] = g.headMajorCache ? (block * g.KVN + h) * blockSize + offset
-                                       : (block * blockSize + offset) * g.KVN + h;
-    }
-    return flat.index_select(0, index).to(at::kFloat);
-  }
-  // Rows of a query-shaped tensor for a tile: [G, rows, D] (a view where it can be).
-  at::Tensor queries(const at::Tensor& flat, const Tile& t) const {
-    return strided(flat, qRows.at(t.b, t.n0, t.i0 + len.qStart[t.b]), {group(), t.rows}, {qRows.head, qRows.seq});
-  }
-  // The tiles of batch b and kv head h: their rows keep about 1 MB of scores, and each
-  // covers only the keys its rows can see.
-  void tiles(int64_t b, int64_t h, std::vector<Tile>& out) const {
-    const int64_t sq = len.sq[b], skv = len.skv[b];
-    if (sq == 0 || skv == 0) return;
-    const int64_t step = std::clamp<int64_t>((int64_t{1} << 18) / std::max<int64_t>(1, group() * skv), 1, kTileRows);
-    for (int64_t i0 = 0; i0 < sq; i0 += step) {
-      Tile t{b, h, h * group(), i0, std::min(step, sq - i0), 0, 0};
-      int64_t lo, hi, lastLo, lastHi;
-      keptRange(masking, i0, sq, skv, &lo, &hi);
-      keptRange(masking, i0 + t.rows - 1, sq, skv, &lastLo, &lastHi);
-      t.begin = lo;
-      t.end = lastHi + 1;
-      if (t.end > t.begin) out.push_back(t);
-    }
-  }
-  // The atten_mask row of query row i, head n (keys from `begin`), or null.
-  const uint8_t* maskRow(int64_t b, int64_t n, int64_t i, int64_t begin) const {
-    if (!masking.bytes.defined()) return nullptr;
-    return masking.bytes.const_data_ptr<uint8_t>() + b * masking.sb + n * masking.sn + i * masking.si + begin;
-  }
-  // The scores of a tile, scaled and biased: float32 [G * rows, end - begin]; `qs` is the
-  // tile's queries times the scale, [G * rows, D].
-  at::Tensor scores(const Tile& t, const at::Tensor& qs, const at::Tensor& k) const {
-    at::Tensor s = at::mm(qs, k.t());
-    if (pse.defined()) {
-      const int64_t G = group();
-      at::Tensor bias = pse.select(0, pse.size(0) == 1 ? 0 : t.b)
-                            .narrow(0, pse.size(1) == 1 ? 0 : t.n0, pse.size(1) == 1 ? 1 : G)
-                            .narrow(1, pse.size(2) == 1 ? 0 : t.i0, pse.size(2) == 1 ? 1 : t.rows)
-                            .narrow(2, pse.size(3) == 1 ? 0 : t.begin, pse.size(3) == 1 ? 1 : t.end - t.begin);
-      s.view({G, t.rows, t.end - t.begin}).add_(bias);
-    }
-    return s;
-  }
-  // Runs `row(r, n, i, lo, hi, mask)` for each row r of a tile's scores: head n, query i,
-  // kept keys [lo, hi] relative to the tile's first key.
-  template <class Row>
-  void eachRow(const Tile& t, Row row) const {
-    const int64_t sq = len.sq[t.b], skv = len.skv[t.b];
-    for (int64_t h = 0; h < group(); ++h) {
-      for (int64_t r = 0; r < t.rows; ++r) {
-        const int64_t i = t.i0 + r;
-        int64_t lo, hi;
-        keptRange(masking, i, sq, skv, &lo, &hi);
-        lo = std::max(lo, t.begin) - t.begin;
-        hi = std::min(hi, t.end - 1) - t.begin;
-        row(h * t.rows + r, t.n0 + h, i, lo, hi, maskRow(t.b, t.n0 + h, i, t.begin));
-      }
-    }
-  }
-};
-
-// Runs work(i) for i in [0, count) on the intra-op threads, each taking the next item
-// when it is free: items of unequal cost (causal tiles) and a core busy with other
-// work still balance (at::parallel_for splits the range evenly up front).
-template <class Work>
-void eachInParallel(int64_t count, bool parallel, Work work) {
-  std::atomic<int64_t> next{0};
-  const int64_t workers = parallel ? std::min<int64_t>(count, at::get_num_threads()) : 1;
-  at::parallel_for(0, std::max<int64_t>(workers, 1), 1, [&](int64_t, int64_t) {
-    for (int64_t i = next++; i < count; i = next++) work(i);
-  });
-}
-
-// The host-side setup shared by the forward and backward kernels.
-void prepare(Problem& p, const Request& r, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-             const at::Tensor& table, const at::Tensor& pse) {
-  const Geometry& g = p.g;
-  p.len = lengthsOf(r, g);
-  p.masking = maskingOf(r, g, p.len);
-  p.scale = r.scale;
-  p.qFlat = q.reshape({-1, g.D});
-  p.kFlat = k.reshape({-1, g.D});
-  p.vFlat = v.reshape({-1, g.Dv});
-  p.qRows = rowsOf(r.in, g.B, g.N, g.Sq, std::vector<int64_t>(g.B, 0));
-  if (table.defined()) {
-    p.table = table.const_data_ptr<int32_t>();
-    p.tableCols = table.size(1);
-    p.blockSize = r.blockSize;
-    const int64_t blocks = k.size(0);
-    for (int64_t b = 0; b < g.B; ++b) {
-      for (int64_t j = 0; j < p.len.skv[b]; j += r.blockSize) {
-        const int32_t block = p.table[b * p.tableCols + j / r.blockSize];
-        TORCH_CHECK(block >= 0 && block < blocks, "npu::", r.op, ": block_table[", b, "][", j / r.blockSize, "] = ",
-                    block, " is not a block of the cache (", blocks, " blocks); sequence ", b, " has ", p.len.skv[b],
-                    " keys");
-      }
-    }
-  } else {
-    p.kvRows = rowsOf(r.in, g.B, g.KVN, g.Skv, std::vector<int64_t>(g.B, 0));
-  }
-  if (pse.defined()) {
-    at::Tensor bias = pse.to(at::kFloat);
-    while (bias.dim() < 4) bias = bias.unsqueeze(0);
-    const int64_t maxSkv = *std::max_element(p.len.skv.begin(), p.len.skv.end());
-    TORCH_CHECK((bias.size(0) == 1 || bias.size(0) == g.B) && (bias.size(1) == 1 || bias.size(1) == g.N) &&
-                    (bias.size(2) == 1 || bias.size(2) >= g.Sq) && (bias.size(3) == 1 || bias.size(3) >= maxSkv),
-                "npu::", r.op, ": pse of shape ", pse.sizes(), " does not broadcast to (", g.B, ", ", g.N, ", ", g.Sq,
-                ", ", maxSkv, ")");
-    p.pse = bias;
-  }
-}
-
-// ---- projected times ------------------------------------------------------------
-// While a profiler runs under a chip profile, each kernel's time on that chip: the
-// attention's matmuls on the cube unit (only the key ranges the tiles see), the cache
-// copies' traffic on the vector unit.
-
-double tensorBytes(std::initializer_list<std::reference_wrapper<const at::Tensor>> tensors) {
-  double bytes = 0;
-  for (const at::Tensor& t : tensors) {
-    if (t.defined()) bytes += static_cast<double>(t.numel()) * static_cast<double>(t.itemsize());
-  }
-  return bytes;
-}
-
-runtime::tracing::Work workOf(double flops, bool cube, c10::ScalarType dtype, double bytes) {
-  if (!profile::describingWork()) return {};
-  return profile::describe(profile::KernelWork{flops, cube, dtype, bytes});
-}
-
-// The work of `matmuls` products over the tiles of a request (the key lengths from
-// the arguments; a paged cache's blocks are not read).
-runtime::tracing::Work attentionWork(const Request& r, const Geometry& g, double matmuls) {
-  if (!profile::describingWork()) return {};
-  Problem p;
-  p.g = g;
-  p.len = lengthsOf(r, g);
-  p.masking = geometryOf(r);
-  std::vector<Tile> tiles;
-  for (int64_t b = 0; b < g.B; ++b) {
-    for (int64_t h = 0; h < g.KVN; ++h) p.tiles(b, h, tiles);
-  }
-  double flops = 0;
-  for (const Tile& t : tiles) {
-    // one [G * rows, D] x [D, keys] product (the ones with Dv alike)
-    const double perMatmul = 2.0 * p.group() * t.rows * (t.end - t.begin) * (g.D + g.Dv) / 2;
-    flops += perMatmul * matmuls;
-  }
-  return workOf(flops, true, r.q.scalar_type(), tensorBytes({r.q, r.k, r.v}) * 2);
-}
-
-// The forward: out (zero where a row sees no key) and lse [B, N, Sq] / [T, N] (-inf there).
-std::tuple<at::Tensor, at::Tensor> attentionForward(Request& r) {
-  Geometry g = describe(r);
-  runtime::tracing::WorkHint work(attentionWork(r, g, 2));
-  return onHost(r.op, {r.q, r.k, r.v, r.mask, r.pse, r.blockTable, r.sink}, [&](auto input, auto output) {
-    Problem p;
-    p.g = g;
-    const at::Tensor q = input(r.q), k = input(r.k), v = input(r.v);
-    const at::Tensor table = input(r.blockTable);
-    Request host = r;
-    host.mask = input(r.mask);
-    prepare(p, host, q, k, v, table, input(r.pse));
-    if (r.sink.defined()) p.sink = input(r.sink).to(at::kFloat).contiguous();
-    at::Tensor out = at::zeros(g.outShape, q.options());
-    at::Tensor outFlat = out.view({-1, g.Dv});
-    const Rows outRows = rowsOf(r.out, g.B, g.N, g.Sq, std::vector<int64_t>(g.B, 0));
-    at::Tensor lse = at::full({(r.in == Layout::TND ? 1 : g.B) * g.N * g.Sq}, -std::numeric_limits<float>::infinity(),
-                              q.options().dtype(at::kFloat));
-    float* lsePtr = lse.mutable_data_ptr<float>();
-    const Rows lseRows = rowsOf(r.in == Layout::TND ? Layout::TND : Layout::BNSD, g.B, g.N, g.Sq,
-                                std::vector<int64_t>(g.B, 0));
-    const float* sinkPtr = p.sink.defined() ? p.sink.const_data_ptr<float>() : nullptr;
-    std::vector<Tile> work;
-    for (int64_t b = 0; b < g.B; ++b) {
-      for (int64_t h = 0; h < g.KVN; ++h) p.tiles(b, h, work);
-    }
-    // the costliest tiles first, so the last ones to finish are short
-    std::stable_sort(work.begin(), work.end(), [](const Tile& x, const Tile& y) {
-      return x.rows * (x.end - x.begin) > y.rows * (y.end - y.begin);
-    });
-    const int64_t G = p.group();
-    eachInParallel(static_cast<int64_t>(work.size()), true, [&](int64_t w) {
-      const Tile& t = work[w];
-      const int64_t width = t.end - t.begin;
-      const at::Tensor keys = p.keys(p.kFlat, t.b, t.kvHead, t.begin, t.end);
-      const at::Tensor values = p.keys(p.vFlat, t.b, t.kvHead, t.begin, t.end);
-      const at::Tensor qs = p.queries(p.qFlat, t).to(at::kFloat).mul(p.scale).reshape({G * t.rows, g.D});
-      at::Tensor s = p.scores(t, qs, keys);
-      float* sp = s.mutable_data_ptr<float>();
-      p.eachRow(t, [&](int64_t row, int64_t n, int64_t i, int64_t lo, int64_t hi, const uint8_t* mask) {
-        float* sr = sp + row * width;
-        float m = keptMax(sr, lo, hi, mask);
-        if (sinkPtr) m = std::max(m, sinkPtr[n]);  // the sink is one more logit of the row
-        if (m == -std::numeric_limits<float>::infinity()) {  // the row sees no key
-          std::fill(sr, sr + width, 0.0f);
-          return;
-        }
-        // exps first, then the row divided by their sum (the sink's exp included)
-        float sum = expRow(sr, width, lo, hi, mask, m, 1.0f);
-        if (sinkPtr) sum += std::exp(sinkPtr[n] - m);
-        const float inv = 1.0f / sum;
-        for (int64_t j = lo; j <= hi; ++j) sr[j] *= inv;
-        lsePtr[lseRows.at(t.b, n, i + p.len.qStart[t.b])] = m + std::log(sum);
-      });
-      const at::Tensor o = at::mm(s, values);  // [G * rows, Dv]
-      strided(outFlat, outRows.at(t.b, t.n0, t.i0 + p.len.qStart[t.b]), {G, t.rows}, {outRows.head, outRows.seq})
-          .copy_(o.view({G, t.rows, g.Dv}));
-    });
-    at::Tensor lseOut = r.wantLse ? lse.view(g.lseShape) : at::zeros({1}, q.options().dtype(at::kFloat));
-    return std::make_tuple(output(out), output(lseOut));
-  });
-}
+namespace {
 
 bool symbolic(const at::Tensor& t) {
   return t.defined() && t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
@@ -912,130 +427,122 @@ void asDecode(Request& r, const Geometry& g) {
   r.pre = r.next = kNoBand;
 }
 
-Request promptRequest(const Args& a) {
+// How an inference operator names the arguments the four share (nullptr: it has none).
+struct Spelling {
+  const char* op;
+  const char* heads;   // the query heads
+  const char* scale;
+  const char* qLens;   // the actual query lengths
+  const char* kvLens;  // the actual key/value lengths
+  bool prefill;        // more than one query per sequence: pre/next tokens, sparse_mode, layouts TND and BNSD_BSND
+  bool paged;          // block_table and block_size
+  bool antiquant;      // antiquant_scale and antiquant_offset (an int8 cache)
+  const char* lse;     // the flag asking for softmax_lse
+  const char* sink;    // learnable_sink
+};
+
+constexpr Spelling kPrompt{"npu_prompt_flash_attention", "num_heads", "scale_value", "actual_seq_lengths",
+                           "actual_seq_lengths_kv", true, false, false, nullptr, nullptr};
+constexpr Spelling kIncre{"npu_incre_flash_attention", "num_heads", "scale_value", nullptr, "actual_seq_lengths",
+                          false, true, true, nullptr, nullptr};
+constexpr Spelling kFusedInfer{"npu_fused_infer_attention_score", "num_heads", "scale", "actual_seq_lengths",
+                               "actual_seq_lengths_kv", true, true, true, "softmax_lse_flag", nullptr};
+constexpr Spelling kFusedInferV2{"npu_fused_infer_attention_score_v2", "num_query_heads", "softmax_scale",
+                                 "actual_seq_qlen", "actual_seq_kvlen", true, true, false, "return_softmax_lse",
+                                 "learnable_sink"};
+
+// The request of an inference operator, after its own refusals. `shapes_only`: for
+// callers that read the geometry alone (the workspace query), an int8 cache is checked
+// but not dequantized.
+Request inferenceRequest(const Args& a, const Spelling& s, bool shapes_only = false) {
   Request r;
-  r.op = "npu_prompt_flash_attention";
-  a.refuse(r.op, {"padding_mask", "deq_scale1", "quant_scale1", "deq_scale2", "quant_scale2", "quant_offset2"},
-           "int8 quantization; padding_mask is reserved");
+  r.op = s.op;
   r.q = a.tensor("query");
   r.k = a.tensor("key");
   r.v = a.tensor("value");
-  checkInferenceDtypes(r.op, r.q, r.k, r.v);
-  parseLayout(r, a.str("input_layout"), {"BSH", "BSND", "BNSD", "BNSD_BSND", "TND"});
-  r.heads = a.integer("num_heads");
+  if (s.paged) r.blockTable = a.tensor("block_table");
+  // An int8 cache is dequantized before the dtypes are checked, and after the layout
+  // (the shape of its scales follows the layout).
+  if (!s.antiquant) checkInferenceDtypes(r.op, r.q, r.k, r.v);
+  if (s.prefill) {
+    parseLayout(r, a.str("input_layout"), {"BSH", "BSND", "BNSD", "BNSD_BSND", "TND"});
+  } else {
+    parseLayout(r, a.str("input_layout"), {"BSH", "BSND", "BNSD"});
+  }
+  if (s.antiquant) {
+    dequantizeKv(r, a.tensor("antiquant_scale"), a.tensor("antiquant_offset"), shapes_only);
+    checkInferenceDtypes(r.op, r.q, r.k, r.v);
+  }
+  r.heads = a.integer(s.heads);
   r.kvHeads = a.integer("num_key_value_heads");
-  r.scale = a.real("scale_value");
-  r.pre = a.integer("pre_tokens");
-  r.next = a.integer("next_tokens");
-  r.sparse = a.integer("sparse_mode");
+  r.scale = a.real(s.scale);
+  if (s.prefill) {
+    r.pre = a.integer("pre_tokens");
+    r.next = a.integer("next_tokens");
+    r.sparse = a.integer("sparse_mode");
+  }
   r.mask = a.tensor("atten_mask");
   r.pse = a.tensor("pse_shift");
-  r.qLensCount = a.length("actual_seq_lengths");
-  r.kvLensCount = a.length("actual_seq_lengths_kv");
-  checkSparse(r, {0, 1, 2, 3, 4});
+  if (s.qLens) r.qLensCount = a.length(s.qLens);
+  r.kvLensCount = a.length(s.kvLens);
+  if (s.paged) r.blockSize = a.integer("block_size");
+  if (s.lse) r.wantLse = a.flag(s.lse);
+  if (s.sink) {
+    r.sink = a.tensor(s.sink);
+    if (r.sink.defined()) {
+      TORCH_CHECK(r.in == Layout::TND && r.sink.scalar_type() == at::kBFloat16 && r.sink.dim() == 1 &&
+                      r.sink.size(0) == r.heads,
+                  "npu::", r.op, ": learnable_sink must be bfloat16 of shape (num_query_heads,) = (", r.heads,
+                  ",) with layout TND (the Ascend limits), got ", r.sink.scalar_type(), " ", r.sink.sizes(), " with ",
+                  a.str("input_layout"));
+    }
+  }
+  if (s.prefill) {
+    checkSparse(r, {0, 1, 2, 3, 4});
+  } else {
+    r.decodeMaskShapes = true;
+  }
   return r;
+}
+
+Request promptRequest(const Args& a) {
+  a.refuse(kPrompt.op, {"padding_mask", "deq_scale1", "quant_scale1", "deq_scale2", "quant_scale2", "quant_offset2"},
+           "int8 quantization; padding_mask is reserved");
+  return inferenceRequest(a, kPrompt);
 }
 
 Request increRequest(const Args& a) {
-  Request r;
-  r.op = "npu_incre_flash_attention";
-  a.refuse(r.op, {"padding_mask", "dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2",
-                  "quant_offset2", "kv_padding_size"},
+  a.refuse(kIncre.op, {"padding_mask", "dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2",
+                       "quant_offset2", "kv_padding_size"},
            "int8 queries and results, and left padding; padding_mask is reserved");
-  r.q = a.tensor("query");
-  r.k = a.tensor("key");
-  r.v = a.tensor("value");
-  r.blockTable = a.tensor("block_table");
-  parseLayout(r, a.str("input_layout"), {"BSH", "BSND", "BNSD"});
-  dequantizeKv(r, a.tensor("antiquant_scale"), a.tensor("antiquant_offset"));
-  checkInferenceDtypes(r.op, r.q, r.k, r.v);
-  r.heads = a.integer("num_heads");
-  r.kvHeads = a.integer("num_key_value_heads");
-  r.scale = a.real("scale_value");
-  r.mask = a.tensor("atten_mask");
-  r.pse = a.tensor("pse_shift");
-  r.kvLensCount = a.length("actual_seq_lengths");  // the key/value lengths, for this operator
-  r.blockSize = a.integer("block_size");
-  r.decodeMaskShapes = true;
-  return r;
+  return inferenceRequest(a, kIncre);
 }
 
-// `shapes_only`: for callers that read the geometry alone (the workspace query), an
-// int8 cache is checked but not dequantized.
 Request fusedInferRequest(const Args& a, bool shapes_only = false) {
-  Request r;
-  r.op = "npu_fused_infer_attention_score";
-  a.refuse(r.op, {"dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2", "quant_offset2",
-                  "key_antiquant_scale", "key_antiquant_offset", "value_antiquant_scale", "value_antiquant_offset",
-                  "key_rope_antiquant_scale"},
+  const char* op = kFusedInfer.op;
+  a.refuse(op, {"dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2", "quant_offset2",
+                "key_antiquant_scale", "key_antiquant_offset", "value_antiquant_scale", "value_antiquant_offset",
+                "key_rope_antiquant_scale"},
            "int8 queries and results, and separate key and value antiquant; an int8 cache takes antiquant_scale "
            "and antiquant_offset");
-  a.refuse(r.op, {"query_padding_size", "kv_padding_size", "key_shared_prefix", "value_shared_prefix",
-                  "actual_shared_prefix_len", "query_rope", "key_rope"},
+  a.refuse(op, {"query_padding_size", "kv_padding_size", "key_shared_prefix", "value_shared_prefix",
+                "actual_shared_prefix_len", "query_rope", "key_rope"},
            "left padding, shared prefixes and MLA's rope inputs");
-  TORCH_CHECK(!a.given("antiquant_scale") || a.integer("antiquant_mode") == 0, "npu::", r.op, ": antiquant_mode ",
+  TORCH_CHECK(!a.given("antiquant_scale") || a.integer("antiquant_mode") == 0, "npu::", op, ": antiquant_mode ",
               a.integer("antiquant_mode"), " is not supported on the npu device; use 0 (per channel)");
-  r.q = a.tensor("query");
-  r.k = a.tensor("key");
-  r.v = a.tensor("value");
-  r.blockTable = a.tensor("block_table");
-  parseLayout(r, a.str("input_layout"), {"BSH", "BSND", "BNSD", "BNSD_BSND", "TND"});
-  dequantizeKv(r, a.tensor("antiquant_scale"), a.tensor("antiquant_offset"), shapes_only);
-  checkInferenceDtypes(r.op, r.q, r.k, r.v);
-  r.heads = a.integer("num_heads");
-  r.kvHeads = a.integer("num_key_value_heads");
-  r.scale = a.real("scale");
-  r.pre = a.integer("pre_tokens");
-  r.next = a.integer("next_tokens");
-  r.sparse = a.integer("sparse_mode");
-  r.mask = a.tensor("atten_mask");
-  r.pse = a.tensor("pse_shift");
-  r.qLensCount = a.length("actual_seq_lengths");
-  r.kvLensCount = a.length("actual_seq_lengths_kv");
-  r.blockSize = a.integer("block_size");
-  r.wantLse = a.flag("softmax_lse_flag");
-  checkSparse(r, {0, 1, 2, 3, 4});
-  return r;
+  return inferenceRequest(a, kFusedInfer, shapes_only);
 }
 
 Request fusedInferV2Request(const Args& a) {
-  Request r;
-  r.op = "npu_fused_infer_attention_score_v2";
-  a.refuse(r.op, {"dequant_scale_query", "dequant_scale_key", "dequant_offset_key", "dequant_scale_value",
-                  "dequant_offset_value", "dequant_scale_key_rope", "quant_scale_out", "quant_offset_out",
-                  "quant_scale_p", "query_dtype", "key_dtype", "value_dtype", "query_rope_dtype", "key_rope_dtype",
-                  "key_shared_prefix_dtype", "value_shared_prefix_dtype", "dequant_scale_query_dtype",
-                  "dequant_scale_key_dtype", "dequant_scale_value_dtype", "dequant_scale_key_rope_dtype", "out_dtype"},
+  const char* op = kFusedInferV2.op;
+  a.refuse(op, {"dequant_scale_query", "dequant_scale_key", "dequant_offset_key", "dequant_scale_value",
+                "dequant_offset_value", "dequant_scale_key_rope", "quant_scale_out", "quant_offset_out",
+                "quant_scale_p", "query_dtype", "key_dtype", "value_dtype", "query_rope_dtype", "key_rope_dtype",
+                "key_shared_prefix_dtype", "value_shared_prefix_dtype", "dequant_scale_query_dtype",
+                "dequant_scale_key_dtype", "dequant_scale_value_dtype", "dequant_scale_key_rope_dtype", "out_dtype"},
            "quantization and dtype overrides");
-  a.refuse(r.op, {"query_rope", "key_rope"}, "MLA's rope inputs");
-  r.q = a.tensor("query");
-  r.k = a.tensor("key");
-  r.v = a.tensor("value");
-  checkInferenceDtypes(r.op, r.q, r.k, r.v);
-  parseLayout(r, a.str("input_layout"), {"BSH", "BSND", "BNSD", "BNSD_BSND", "TND"});
-  r.heads = a.integer("num_query_heads");
-  r.kvHeads = a.integer("num_key_value_heads");
-  r.scale = a.real("softmax_scale");
-  r.pre = a.integer("pre_tokens");
-  r.next = a.integer("next_tokens");
-  r.sparse = a.integer("sparse_mode");
-  r.mask = a.tensor("atten_mask");
-  r.pse = a.tensor("pse_shift");
-  r.qLensCount = a.length("actual_seq_qlen");
-  r.kvLensCount = a.length("actual_seq_kvlen");
-  r.blockTable = a.tensor("block_table");
-  r.blockSize = a.integer("block_size");
-  r.wantLse = a.flag("return_softmax_lse");
-  r.sink = a.tensor("learnable_sink");
-  if (r.sink.defined()) {
-    TORCH_CHECK(r.in == Layout::TND && r.sink.scalar_type() == at::kBFloat16 && r.sink.dim() == 1 &&
-                    r.sink.size(0) == r.heads,
-                "npu::", r.op, ": learnable_sink must be bfloat16 of shape (num_query_heads,) = (", r.heads,
-                ",) with layout TND (the Ascend limits), got ", r.sink.scalar_type(), " ", r.sink.sizes(), " with ",
-                a.str("input_layout"));
-  }
-  checkSparse(r, {0, 1, 2, 3, 4});
-  return r;
+  a.refuse(op, {"query_rope", "key_rope"}, "MLA's rope inputs");
+  return inferenceRequest(a, kFusedInferV2);
 }
 
 // Reads the actual lengths (concrete values: kernels only).
@@ -1048,7 +555,7 @@ template <bool Meta>
 void promptKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   Args a(op, stack);
   Request r = promptRequest(a);
-  if (!Meta) readLengths(r, a, "actual_seq_lengths", "actual_seq_lengths_kv");
+  if (!Meta) readLengths(r, a, kPrompt.qLens, kPrompt.kvLens);
   a.finish(std::get<0>(Meta ? attentionForwardMeta(r) : attentionForward(r)));
 }
 
@@ -1056,7 +563,7 @@ template <bool Meta>
 void increKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   Args a(op, stack);
   Request r = increRequest(a);
-  if (!Meta) readLengths(r, a, nullptr, "actual_seq_lengths");
+  if (!Meta) readLengths(r, a, kIncre.qLens, kIncre.kvLens);
   if (!symbolic(r.q)) {
     const Geometry g = describe(r);
     TORCH_CHECK(g.Sq == 1, "npu::", r.op, ": decodes one query per sequence (query's S must be 1, got ", g.Sq,
@@ -1068,9 +575,8 @@ void increKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 template <bool Meta, bool V2>
 std::tuple<at::Tensor, at::Tensor> fusedInfer(const Args& a) {
   Request r = V2 ? fusedInferV2Request(a) : fusedInferRequest(a);
-  if (!Meta) {
-    readLengths(r, a, V2 ? "actual_seq_qlen" : "actual_seq_lengths", V2 ? "actual_seq_kvlen" : "actual_seq_lengths_kv");
-  }
+  const Spelling& s = V2 ? kFusedInferV2 : kFusedInfer;
+  if (!Meta) readLengths(r, a, s.qLens, s.kvLens);
   if (Meta && (symbolic(r.q) || symbolic(r.k) || symbolic(r.v))) return attentionForwardSymbolic(r);
   Request probe = r;
   asDecode(r, describe(probe));
@@ -1111,10 +617,7 @@ void fusedInferWorkspaceKernel(const c10::OperatorHandle& op, torch::jit::Stack*
 
 // ---- npu_fusion_attention_grad -----------------------------------------------------
 
-// dq, dk, dv (and dpse) of out = softmax(scale * (q k^T + pse), masked) v, as
-// npu_fusion_attention computes it: per tile, P from the forward's statistics
-// (exp(s - softmax_max) / softmax_sum) or recomputed, then dV = P^T dO,
-// dS = P * (dO V^T - rowsum(dO * O)), dQ = scale dS K, dK = scale dS^T Q.
+// Its arguments, parsed and checked; then the host kernel (fusionAttentionGrad).
 void fusionAttentionGradKernelImpl(Args& a, bool meta) {
   Request r;
   r.op = "npu_fusion_attention_grad";
@@ -1202,112 +705,7 @@ void fusionAttentionGradKernelImpl(Args& a, bool meta) {
     TORCH_CHECK(outIn.sizes() == r.q.sizes(), "npu::", r.op, ": attention_in must be the forward's output, shaped like "
                 "query ", r.q.sizes(), ", got ", outIn.sizes());
   }
-  // five matmuls: the scores again, dV, dP, dQ and dK
-  runtime::tracing::WorkHint work(attentionWork(r, g, 5));
-  auto results = onHost(r.op, {r.q, r.k, r.v, dy, r.mask, pse, maxIn, sumIn, outIn}, [&](auto input, auto output) {
-    Problem p;
-    p.g = g;
-    const at::Tensor q = input(r.q), k = input(r.k), v = input(r.v), dO = input(dy);
-    Request host = r;
-    host.mask = input(r.mask);
-    // npu_fusion_attention's scores are scale * (q k^T + pse): the core adds a bias to the
-    // scaled scores, so it is given scale * pse (and dpse = scale * dbias).
-    prepare(p, host, q, k, v, at::Tensor(), pse.defined() ? input(pse).to(at::kFloat).mul(r.scale) : at::Tensor());
-    const at::Tensor doFlat = dO.reshape({-1, g.D});
-    const at::Tensor outFlat = outIn.defined() ? input(outIn).reshape({-1, g.D}) : at::Tensor();
-    const Rows statRows = rowsOf(r.in == Layout::TND ? Layout::TND : Layout::BNSD, g.B, g.N, g.Sq,
-                                 std::vector<int64_t>(g.B, 0));
-    at::Tensor maxes, sums;  // the forward's statistics, one per query row
-    if (maxIn.defined()) {
-      const int64_t width = maxIn.size(-1);
-      maxes = input(maxIn).to(at::kFloat).reshape({-1, width}).select(1, 0).contiguous();
-      sums = input(sumIn).to(at::kFloat).reshape({-1, width}).select(1, 0).contiguous();
-    }
-    at::Tensor dq = at::zeros(q.sizes(), q.options()), dk = at::zeros(k.sizes(), k.options()),
-               dv = at::zeros(v.sizes(), v.options());
-    at::Tensor dqFlat = dq.view({-1, g.D}), dkFlat = dk.view({-1, g.D}), dvFlat = dv.view({-1, g.Dv});
-    at::Tensor dbias = p.pse.defined() ? at::zeros(p.pse.sizes(), p.pse.options()) : at::Tensor();
-    const int64_t G = p.group();
-    // Tiles run in parallel, each giving its own dk and dv rows (float32, over its key
-    // range); each (batch, kv head) then adds its tiles' parts in tile order, so the
-    // result does not depend on the thread schedule. dpse sums over what pse is broadcast
-    // over (batches, heads, query rows): then the tiles run one at a time.
-    const bool sharedBias = dbias.defined() && ((dbias.size(0) == 1 && g.B > 1) || dbias.size(1) != g.N ||
-                                                dbias.size(2) == 1);
-    std::vector<Tile> work;
-    std::vector<int64_t> firstTile(g.B * g.KVN + 1, 0);  // the tiles of task (b, h): [first[t], first[t + 1])
-    for (int64_t task = 0; task < g.B * g.KVN; ++task) {
-      p.tiles(task / g.KVN, task % g.KVN, work);
-      firstTile[task + 1] = static_cast<int64_t>(work.size());
-    }
-    std::vector<at::Tensor> partK(work.size()), partV(work.size());
-    const float* mp = maxes.defined() ? maxes.const_data_ptr<float>() : nullptr;
-    const float* sp = sums.defined() ? sums.const_data_ptr<float>() : nullptr;
-    eachInParallel(static_cast<int64_t>(work.size()), !sharedBias, [&](int64_t w) {
-      const Tile& t = work[w];
-      const int64_t b = t.b, width = t.end - t.begin, rows = G * t.rows;
-      const at::Tensor k = p.keys(p.kFlat, b, t.kvHead, t.begin, t.end);
-      const at::Tensor vv = p.keys(p.vFlat, b, t.kvHead, t.begin, t.end);
-      // The queries times the scale: the scores are qs k^T, and dk = dS^T qs.
-      const at::Tensor qs = p.queries(p.qFlat, t).to(at::kFloat).mul(p.scale).reshape({rows, g.D});
-      const at::Tensor dof = p.queries(doFlat, t).to(at::kFloat).reshape({rows, g.Dv});
-      at::Tensor probs = p.scores(t, qs, k);
-      float* pp = probs.mutable_data_ptr<float>();
-      p.eachRow(t, [&](int64_t row, int64_t n, int64_t i, int64_t lo, int64_t hi, const uint8_t* mask) {
-        float* pr = pp + row * width;
-        if (mp != nullptr) {  // P = exp(s - softmax_max) / softmax_sum, from the forward
-          const int64_t at = statRows.at(b, n, i + p.len.qStart[b]);
-          if (mp[at] == -std::numeric_limits<float>::infinity()) {
-            std::fill(pr, pr + width, 0.0f);
-          } else {
-            expRow(pr, width, lo, hi, mask, mp[at], 1.0f / sp[at]);
-          }
-          return;
-        }
-        const float m = keptMax(pr, lo, hi, mask);
-        if (m == -std::numeric_limits<float>::infinity()) {
-          std::fill(pr, pr + width, 0.0f);
-          return;
-        }
-        const float inv = 1.0f / expRow(pr, width, lo, hi, mask, m, 1.0f);
-        for (int64_t j = lo; j <= hi; ++j) pr[j] *= inv;
-      });
-      const at::Tensor o = outFlat.defined() ? p.queries(outFlat, t).to(at::kFloat).reshape({rows, g.Dv})
-                                             : at::mm(probs, vv);
-      partV[w] = at::mm(probs.t(), dof);
-      // dS = P * (dO v^T - rowsum(dO * O)): the gradient of the scaled scores
-      at::Tensor ds = at::mm(dof, vv.t()).sub_(dof.mul(o).sum(-1, true)).mul_(probs);
-      if (dbias.defined()) {
-        at::Tensor target = dbias.select(0, dbias.size(0) == 1 ? 0 : b);
-        at::Tensor part = ds.view({G, t.rows, width});
-        if (target.size(0) == 1) part = part.sum(0, true); else target = target.narrow(0, t.n0, G);
-        if (target.size(1) == 1) part = part.sum(1, true); else target = target.narrow(1, t.i0, t.rows);
-        if (target.size(2) == 1) part = part.sum(2, true); else target = target.narrow(2, t.begin, width);
-        target.add_(part);
-      }
-      strided(dqFlat, p.qRows.at(b, t.n0, t.i0 + p.len.qStart[b]), {G, t.rows}, {p.qRows.head, p.qRows.seq})
-          .copy_(at::mm(ds, k).mul_(p.scale).view({G, t.rows, g.D}));
-      partK[w] = at::mm(ds.t(), qs);
-    });
-    eachInParallel(g.B * g.KVN, true, [&](int64_t task) {
-      if (firstTile[task] == firstTile[task + 1]) return;
-      const int64_t b = task / g.KVN, h = task % g.KVN, skv = p.len.skv[b];
-      at::Tensor dK = at::zeros({skv, g.D}, at::TensorOptions().dtype(at::kFloat));
-      at::Tensor dV = at::zeros({skv, g.Dv}, at::TensorOptions().dtype(at::kFloat));
-      for (int64_t w = firstTile[task]; w < firstTile[task + 1]; ++w) {
-        dK.narrow(0, work[w].begin, partK[w].size(0)).add_(partK[w]);
-        dV.narrow(0, work[w].begin, partV[w].size(0)).add_(partV[w]);
-      }
-      const int64_t first = p.kvRows.at(b, h, p.len.kvStart[b]);
-      strided(dkFlat, first, {skv}, {p.kvRows.seq}).copy_(dK);
-      strided(dvFlat, first, {skv}, {p.kvRows.seq}).copy_(dV);
-    });
-    at::Tensor dpseOut;
-    if (dbias.defined()) dpseOut = output(dbias.mul(r.scale).reshape(pse.sizes()).to(pse.scalar_type()));
-    return std::make_tuple(output(dq), output(dk), output(dv), dpseOut,
-                           output(at::empty({0}, q.options().dtype(at::kFloat))));
-  });
-  auto& [dq, dk, dv, dp, dsink] = results;
+  auto [dq, dk, dv, dp, dsink] = fusionAttentionGrad(r, g, dy, maxIn, sumIn, outIn);
   a.finish(std::move(dq), std::move(dk), std::move(dv), std::move(dp), std::move(dsink));
 }
 
@@ -1337,20 +735,6 @@ void checkIndexDtype(const char* op, const at::Tensor& t, const char* name) {
               " must be int32 or int64, got ", t.scalar_type());
 }
 
-std::vector<int64_t> toLongs(const at::Tensor& t) {
-  const at::Tensor l = t.to(at::kLong).contiguous();
-  return std::vector<int64_t>(l.const_data_ptr<int64_t>(), l.const_data_ptr<int64_t>() + l.numel());
-}
-
-enum class CacheMode { Norm, Nz };
-
-// The cache layouts: Norm [blocks, block_size, heads, head_size]; PA_NZ [blocks,
-// heads * head_size / last, block_size, last] (the token's row cut into `last`-wide pieces).
-struct CacheShape {
-  CacheMode mode;
-  int64_t blocks = 0, blockSize = 0, width = 0, last = 0;  // width: heads * head_size of one token
-};
-
 CacheShape cacheShapeOf(const char* op, const char* name, const at::Tensor& cache, const at::Tensor& tokens,
                         CacheMode mode) {
   TORCH_CHECK(cache.dim() == 4, "npu::", op, ": ", name, " must be 4-dimensional, got ", cache.sizes());
@@ -1372,32 +756,6 @@ CacheShape cacheShapeOf(const char* op, const char* name, const at::Tensor& cach
                 "last, block_size, last] with H = heads * head_size = ", c.width, ", got ", cache.sizes());
   }
   return c;
-}
-
-// Where the elements of cache slot `slot` lie: `pieces` runs of `run` elements,
-// `stride` elements apart, from the returned offset.
-struct SlotRuns {
-  int64_t first, pieces, run, stride;
-};
-SlotRuns slotRuns(const CacheShape& c, int64_t slot) {
-  const int64_t block = slot / c.blockSize, offset = slot % c.blockSize;
-  if (c.mode == CacheMode::Norm) return {(block * c.blockSize + offset) * c.width, 1, c.width, 0};
-  const int64_t pieces = c.width / c.last;
-  return {(block * pieces * c.blockSize + offset) * c.last, pieces, c.last, c.blockSize * c.last};
-}
-
-void writeSlot(const CacheShape& c, uint8_t* cache, const uint8_t* token, int64_t slot, size_t item) {
-  const SlotRuns r = slotRuns(c, slot);
-  for (int64_t k = 0; k < r.pieces; ++k) {
-    std::memcpy(cache + (r.first + k * r.stride) * item, token + k * r.run * item, r.run * item);
-  }
-}
-
-void readSlot(const CacheShape& c, const uint8_t* cache, uint8_t* token, int64_t slot, size_t item) {
-  const SlotRuns r = slotRuns(c, slot);
-  for (int64_t k = 0; k < r.pieces; ++k) {
-    std::memcpy(token + k * r.run * item, cache + (r.first + k * r.stride) * item, r.run * item);
-  }
 }
 
 template <bool Meta>
@@ -1431,33 +789,7 @@ void scatterKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const CacheShape vc = cacheShapeOf(name, "value_cache", valueCache, value, mode);
   TORCH_CHECK(kc.blocks == vc.blocks && kc.blockSize == vc.blockSize, "npu::", name, ": key_cache and value_cache "
               "must have the same blocks and block size, got ", keyCache.sizes(), " and ", valueCache.sizes());
-  if (!Meta) {
-    // the tokens read and their slots written
-    runtime::tracing::WorkHint work(workOf(static_cast<double>(key.numel() + value.numel()), false,
-                                                       key.scalar_type(), 2 * tensorBytes({key, value})));
-    onHost(name, {key, value, keyCache, valueCache, slots}, [&](auto input, auto) {
-      const at::Tensor k = input(key), v = input(value), kcache = input(keyCache), vcache = input(valueCache);
-      const std::vector<int64_t> slot = toLongs(input(slots));
-      const int64_t capacity = kc.blocks * kc.blockSize;
-      for (size_t t = 0; t < slot.size(); ++t) {
-        TORCH_CHECK(slot[t] < capacity, "npu::", name, ": slot_mapping[", t, "] = ", slot[t], " is past the cache (",
-                    kc.blocks, " blocks of ", kc.blockSize, ")");
-      }
-      const size_t item = k.element_size();
-      const auto* kp = static_cast<const uint8_t*>(k.const_data_ptr());
-      const auto* vp = static_cast<const uint8_t*>(v.const_data_ptr());
-      auto* kcp = static_cast<uint8_t*>(kcache.mutable_data_ptr());
-      auto* vcp = static_cast<uint8_t*>(vcache.mutable_data_ptr());
-      at::parallel_for(0, static_cast<int64_t>(slot.size()), 64, [&](int64_t begin, int64_t end) {
-        for (int64_t t = begin; t < end; ++t) {
-          if (slot[t] < 0) continue;  // padding tokens
-          writeSlot(kc, kcp, kp + t * kc.width * item, slot[t], item);
-          writeSlot(vc, vcp, vp + t * vc.width * item, slot[t], item);
-        }
-      });
-      return 0;
-    });
-  }
+  if (!Meta) scatterPaKvCache(name, key, value, keyCache, valueCache, slots, kc, vc);
   a.finish();
 }
 
@@ -1489,43 +821,7 @@ void gatherInto(const char* name, const at::Tensor& keyCache, const at::Tensor& 
                 batches, "], got ", seqOffset.sizes());
   }
   if (!run) return;
-  runtime::tracing::WorkHint work(workOf(static_cast<double>(key.numel() + value.numel()), false,
-                                                     key.scalar_type(), 2 * tensorBytes({key, value})));
-  onHost(name, {keyCache, valueCache, tables, seqLens, key, value, seqOffset}, [&](auto input, auto) {
-    const at::Tensor kcache = input(keyCache), vcache = input(valueCache), k = input(key), v = input(value);
-    const std::vector<int64_t> table = toLongs(input(tables));
-    std::vector<int64_t> lens = toLongs(input(seqLens));
-    if (cumsum) {
-      for (int64_t b = 0; b < batches; ++b) lens[b] = lens[b + 1] - lens[b];
-      lens.resize(batches);
-    }
-    const std::vector<int64_t> offsets =
-        seqOffset.defined() ? toLongs(input(seqOffset)) : std::vector<int64_t>(batches, 0);
-    const int64_t cols = tables.size(1), tokens = k.size(0);
-    const size_t item = k.element_size();
-    const auto* kcp = static_cast<const uint8_t*>(kcache.const_data_ptr());
-    const auto* vcp = static_cast<const uint8_t*>(vcache.const_data_ptr());
-    auto* kp = static_cast<uint8_t*>(k.mutable_data_ptr());
-    auto* vp = static_cast<uint8_t*>(v.mutable_data_ptr());
-    int64_t row = 0;
-    for (int64_t b = 0; b < batches && row < tokens; ++b) {
-      TORCH_CHECK(lens[b] >= 0, "npu::", name, ": seq_lens[", b, "] = ", lens[b], " is negative");
-      const int64_t first = offsets[b] / kc.blockSize;  // the sequence starts at a block
-      for (int64_t j = 0; j < lens[b] && row < tokens; ++j, ++row) {
-        const int64_t column = first + j / kc.blockSize;
-        const int64_t block = column < cols ? table[b * cols + column] : -1;
-        if (block < 0 || block >= kc.blocks) {  // no such block: zeros, as Ascend's kernel
-          std::memset(kp + row * kc.width * item, 0, kc.width * item);
-          std::memset(vp + row * vc.width * item, 0, vc.width * item);
-          continue;
-        }
-        const int64_t slot = block * kc.blockSize + j % kc.blockSize;
-        readSlot(kc, kcp, kp + row * kc.width * item, slot, item);
-        readSlot(vc, vcp, vp + row * vc.width * item, slot, item);
-      }
-    }
-    return 0;
-  });
+  gatherPaKvCache(name, keyCache, valueCache, tables, seqLens, key, value, seqOffset, cumsum, kc, vc);
 }
 
 template <bool Meta, bool Functional>
@@ -1566,6 +862,10 @@ void scatterFunctionalKernel(const c10::OperatorHandle& op, torch::jit::Stack* s
 }
 
 }  // namespace
+
+}  // namespace npu::ops::attention
+
+namespace npu::ops {
 
 TORCH_LIBRARY_FRAGMENT(npu, m) {
   m.def("npu_prompt_flash_attention(Tensor query, Tensor key, Tensor value, *, Tensor? padding_mask=None, "
@@ -1643,28 +943,28 @@ TORCH_LIBRARY_FRAGMENT(npu, m) {
 // One list for the npu, cpu and Meta registrations (Meta: the shape-only kernels).
 template <bool Meta>
 void registerAttentionKernels(torch::Library& m) {
-  m.impl("npu_prompt_flash_attention", torch::CppFunction::makeFromBoxedFunction<&promptKernel<Meta>>());
-  m.impl("npu_incre_flash_attention", torch::CppFunction::makeFromBoxedFunction<&increKernel<Meta>>());
+  m.impl("npu_prompt_flash_attention", torch::CppFunction::makeFromBoxedFunction<&attention::promptKernel<Meta>>());
+  m.impl("npu_incre_flash_attention", torch::CppFunction::makeFromBoxedFunction<&attention::increKernel<Meta>>());
   m.impl("npu_fused_infer_attention_score",
-      torch::CppFunction::makeFromBoxedFunction<&fusedInferKernel<Meta, false>>());
+      torch::CppFunction::makeFromBoxedFunction<&attention::fusedInferKernel<Meta, false>>());
   m.impl("npu_fused_infer_attention_score_v2",
-      torch::CppFunction::makeFromBoxedFunction<&fusedInferKernel<Meta, true>>());
+      torch::CppFunction::makeFromBoxedFunction<&attention::fusedInferKernel<Meta, true>>());
   m.impl("npu_fused_infer_attention_score.out",
-      torch::CppFunction::makeFromBoxedFunction<&fusedInferOutKernel<Meta, false>>());
+      torch::CppFunction::makeFromBoxedFunction<&attention::fusedInferOutKernel<Meta, false>>());
   m.impl("npu_fused_infer_attention_score_v2.out",
-      torch::CppFunction::makeFromBoxedFunction<&fusedInferOutKernel<Meta, true>>());
+      torch::CppFunction::makeFromBoxedFunction<&attention::fusedInferOutKernel<Meta, true>>());
   m.impl("_npu_fused_infer_attention_score_get_max_workspace",
-      torch::CppFunction::makeFromBoxedFunction<&fusedInferWorkspaceKernel<Meta, false>>());
+      torch::CppFunction::makeFromBoxedFunction<&attention::fusedInferWorkspaceKernel<Meta, false>>());
   m.impl("_npu_fused_infer_attention_score_v2_get_max_workspace",
-      torch::CppFunction::makeFromBoxedFunction<&fusedInferWorkspaceKernel<Meta, true>>());
+      torch::CppFunction::makeFromBoxedFunction<&attention::fusedInferWorkspaceKernel<Meta, true>>());
   m.impl("npu_fusion_attention_grad",
-      torch::CppFunction::makeFromBoxedFunction<&fusionAttentionGradKernel<Meta>>());
-  m.impl("npu_scatter_pa_kv_cache", torch::CppFunction::makeFromBoxedFunction<&scatterKernel<Meta>>());
+      torch::CppFunction::makeFromBoxedFunction<&attention::fusionAttentionGradKernel<Meta>>());
+  m.impl("npu_scatter_pa_kv_cache", torch::CppFunction::makeFromBoxedFunction<&attention::scatterKernel<Meta>>());
   m.impl("npu_scatter_pa_kv_cache_functional",
-      torch::CppFunction::makeFromBoxedFunction<&scatterFunctionalKernel<Meta>>());
-  m.impl("npu_gather_pa_kv_cache", torch::CppFunction::makeFromBoxedFunction<&gatherKernel<Meta, false>>());
+      torch::CppFunction::makeFromBoxedFunction<&attention::scatterFunctionalKernel<Meta>>());
+  m.impl("npu_gather_pa_kv_cache", torch::CppFunction::makeFromBoxedFunction<&attention::gatherKernel<Meta, false>>());
   m.impl("npu_gather_pa_kv_cache_functional",
-      torch::CppFunction::makeFromBoxedFunction<&gatherKernel<Meta, true>>());
+      torch::CppFunction::makeFromBoxedFunction<&attention::gatherKernel<Meta, true>>());
 }
 NPU_FUSED_KERNELS_FOR_NPU_AND_CPU(registerAttentionKernels<false>)
 TORCH_LIBRARY_IMPL(npu, Meta, m) { registerAttentionKernels<true>(m); }

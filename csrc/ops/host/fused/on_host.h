@@ -1,21 +1,38 @@
-// The fused ops' way of running a kernel written for host tensors on npu or cpu
-// tensors (fused_ops.cpp, attention_ops.cpp, moe_quant_ops.cpp, position_ops.cpp).
+// How the fused ops' host kernels (this folder) run: on host tensors for npu or
+// cpu tensors, their rows in vector-loop clones, their parallel loops' grain.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <type_traits>
 
-#include "../../core/device.h"
-#include "../../core/profile.h"
-#include "../../runtime/tracing.h"
-#include "../host/host_execution.h"
+#include "../../../core/device.h"
+#include "../../../core/profile.h"
+#include "../../../runtime/tracing.h"
+#include "../host_execution.h"
+
+// Row loops in float, built for AVX-512, AVX2 and the baseline and chosen at load
+// time; `omp simd` vectorises them without fast-math.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define NPU_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define NPU_VECTOR_CLONES
+#endif
 
 namespace npu::ops {
+
+// Rows per task of at::parallel_for: enough elements (ATen's grain, 32768) that
+// small tensors run on the calling thread rather than waking the thread team.
+inline int64_t rowGrain(int64_t row_elements) {
+  constexpr int64_t kGrain = 32768;
+  return std::max<int64_t>(1, kGrain / std::max<int64_t>(1, row_elements));
+}
 
 // Runs `compute` on host tensors: for npu inputs inside a HostExecution (so the
 // tensors it allocates are npu memory, and writes to an input's alias write the

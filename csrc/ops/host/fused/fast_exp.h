@@ -1,4 +1,4 @@
-// e^x for the fused ops' softmax rows (attention_ops.cpp, moe_quant_ops.cpp).
+// e^x for the fused ops' softmax rows (attention and moe_quant kernels).
 #pragma once
 
 #include <cstdint>
