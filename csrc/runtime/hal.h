@@ -94,8 +94,10 @@ namespace npu::runtime {
 //      (virtualMemoryGranularity, reserveAddress, mapMemory, unmapMemory,
 //      releaseAddress).
 //   5: Capabilities::op_queries and Device::supportsOp; HALs as shared
-//      libraries (hal_plugin.h). Purely additive: a version-4 HAL registers
-//      and runs unchanged, and nothing calls its missing supportsOp.
+//      libraries (hal_plugin.h), Capabilities::host_kernels. A version-4 HAL
+//      registers unchanged and nothing calls its missing supportsOp; one that is
+//      not host_addressable has host_kernels false, so the host kernel backend
+//      refuses its ops by name instead of reaching memory it cannot.
 constexpr int kHalApiVersion = 5;
 // The oldest version registerHal() and the plugin loader still accept.
 constexpr int kMinimumHalApiVersion = 4;

@@ -24,6 +24,9 @@ struct Registration {
 
 struct Registry {
   std::mutex mutex;
+  // Held across a whole library load (dlopen, its entry point, registration), so that
+  // two threads loading one path get one registration and the same name.
+  std::mutex loading;
   std::map<std::string, Registration> factories;
   std::map<std::string, std::string> libraries;  // a loaded library's path -> the name it registered
 };
@@ -57,10 +60,15 @@ bool validName(const std::string& name) {
 
 std::string versionProblem(const std::string& name, int api_version) {
   if (api_version >= kMinimumHalApiVersion && api_version <= kHalApiVersion) return {};
+  const std::string remedy =
+      api_version > kHalApiVersion
+          ? "rebuild it against this runtime's csrc/runtime/hal.h, or use a torch_npu whose runtime implements "
+            "version " + std::to_string(api_version)
+          : "update it to the contract of csrc/runtime/hal.h (kHalApiVersion) and rebuild it";
   return "HAL '" + name + "' was written against HAL API version " + std::to_string(api_version) +
          ", but this torch_npu runtime implements version " + std::to_string(kHalApiVersion) +
-         " and accepts " + std::to_string(kMinimumHalApiVersion) + " and later (kHalApiVersion, csrc/runtime/hal.h): update it to that contract and " +
-         "rebuild it";
+         " and accepts versions " + std::to_string(kMinimumHalApiVersion) + " to " + std::to_string(kHalApiVersion) +
+         ": " + remedy;
 }
 
 std::mutex g_hal_mutex;
@@ -105,6 +113,7 @@ int registeredApiVersion(const std::string& name) {
 std::string loadHalLibrary(const std::string& path) {
   ensureBuiltins();
   Registry& r = registry();
+  std::lock_guard<std::mutex> loading(r.loading);
   {
     std::lock_guard<std::mutex> lock(r.mutex);
     if (auto it = r.libraries.find(path); it != r.libraries.end()) return it->second;
@@ -137,9 +146,9 @@ std::string loadHalLibrary(const std::string& path) {
       if (!made) throw std::logic_error("the HAL library of '" + name + "' made no HAL");
       return made;
     });
-  } catch (...) {
+  } catch (const std::invalid_argument& e) {
     ::dlclose(handle);
-    throw;
+    throw std::invalid_argument("the HAL library '" + path + "': " + e.what());
   }
   // The library stays loaded for the process's life: its HALs are never destroyed.
   std::lock_guard<std::mutex> lock(r.mutex);

@@ -165,6 +165,8 @@ TEST(Registry, AnotherApiVersionIsRefused) {
       EXPECT_TRUE(contains(e.what(), "versioned_hal")) << e.what();
       EXPECT_TRUE(contains(e.what(), "version " + std::to_string(version))) << e.what();
       EXPECT_TRUE(contains(e.what(), "version " + std::to_string(kHalApiVersion))) << e.what();
+      // The remedy follows the direction: a newer HAL is rebuilt against this hal.h.
+      EXPECT_EQ(contains(e.what(), "rebuild it against this runtime's"), version > kHalApiVersion) << e.what();
     }
   }
   const auto names = registeredHals();
