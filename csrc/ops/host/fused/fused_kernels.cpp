@@ -24,6 +24,7 @@
 
 #include "../../fused/fused.h"
 #include "../dtypes.h"
+#include "fast_exp.h"
 #include "on_host.h"
 
 namespace npu::ops::fused {
@@ -58,28 +59,6 @@ NPU_VECTOR_CLONES void rmsBackwardRow(const float* dy, const float* x, const flo
   }
 }
 
-// exp(x) for float, written so loops around it vectorise (std::exp does not):
-// Cody-Waite range reduction and Cephes' degree-6 polynomial, about 1 ulp.
-inline __attribute__((always_inline)) float vectorExp(float x) {
-  // Comparisons and integer truncation instead of fmin/fmax/floor: those are
-  // library calls (NaN and errno rules) that stop the vectoriser.
-  x = std::max(-87.3f, std::min(x, 88.37f));  // above ln(FLT_MAX) the exponent would overflow
-  const float t = x * 1.44269504088896341f + 0.5f;
-  int32_t i = static_cast<int32_t>(t);
-  i -= t < static_cast<float>(i) ? 1 : 0;  // floor
-  const float n = static_cast<float>(i);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  const int32_t bits = (i + 127) << 23;
-  return y * __builtin_bit_cast(float, bits);
-}
-
 NPU_VECTOR_CLONES void addRows(const float* a, const float* b, float* out, int64_t n) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) out[j] = a[j] + b[j];
@@ -87,14 +66,14 @@ NPU_VECTOR_CLONES void addRows(const float* a, const float* b, float* out, int64
 
 NPU_VECTOR_CLONES void swigluRow(const float* a, const float* b, float* y, int64_t n) {
 #pragma omp simd
-  for (int64_t k = 0; k < n; ++k) y[k] = a[k] / (1.0f + vectorExp(-a[k])) * b[k];
+  for (int64_t k = 0; k < n; ++k) y[k] = a[k] / (1.0f + vectorExp<false>(-a[k])) * b[k];
 }
 
 NPU_VECTOR_CLONES void swigluBackwardRow(const float* a, const float* b, const float* g, float* da, float* db,
                                          int64_t n) {
 #pragma omp simd
   for (int64_t k = 0; k < n; ++k) {
-    const float sig = 1.0f / (1.0f + vectorExp(-a[k]));
+    const float sig = 1.0f / (1.0f + vectorExp<false>(-a[k]));
     da[k] = g[k] * b[k] * sig * (1.0f + a[k] * (1.0f - sig));
     db[k] = g[k] * a[k] * sig;
   }

@@ -27,6 +27,7 @@
 #include "../../../core/profile.h"
 #include "../../fused/position.h"
 #include "../dtypes.h"
+#include "fast_exp.h"
 #include "on_host.h"
 
 namespace npu::ops::position {
@@ -96,29 +97,6 @@ struct BroadcastRows {
   }
 };
 
-// exp(x) in float that vectorises (std::exp does not): range reduction by
-// ln 2 in two parts, then a degree-6 polynomial; about 1 ulp over the range.
-// Below -87.3 it returns 0: exp there is below the smallest normal float, and
-// denormal results (masked softmax entries times 1/sum) are slow to compute
-// with. No branches (a bit mask instead), so loops around it vectorise.
-inline __attribute__((always_inline)) float expApprox(float x) {
-  const int32_t keep = -static_cast<int32_t>(x >= -87.3f);  // all ones, or 0 where exp underflows
-  x = x < -87.3f ? -87.3f : (x > 88.37f ? 88.37f : x);  // beyond 88.37 the result overflows
-  const float scaled = x * 1.44269504088896341f + 0.5f;
-  int32_t n = static_cast<int32_t>(scaled);
-  n -= scaled < static_cast<float>(n) ? 1 : 0;  // floor, without a library call
-  const float nf = static_cast<float>(n);
-  const float r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float poly = p * r * r + r + 1.0f;
-  return poly * std::bit_cast<float>(((n + 127) << 23) & keep);
-}
-
 NPU_VECTOR_CLONES float rowMax(const float* z, int64_t n) {
   float m = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : m)
@@ -131,7 +109,7 @@ NPU_VECTOR_CLONES float expShiftedInPlace(float* z, float m, int64_t n) {
   float s = 0;
 #pragma omp simd reduction(+ : s)
   for (int64_t j = 0; j < n; ++j) {
-    const float e = expApprox(z[j] - m);
+    const float e = vectorExp<true>(z[j] - m);
     z[j] = e;
     s += e;
   }
