@@ -73,6 +73,11 @@ close("mm_reduce_scatter_base", out, total.chunk(world)[rank])
 out = torch_npu.npu_mm_reduce_scatter_base(xs[rank].npu(), ws[rank].npu(), hcom, world, reduce_op="sum",
                                            bias=bias.npu())
 close("mm_reduce_scatter_base with bias", out, (total + world * bias).chunk(world)[rank])
+xh, wh = [x.half() for x in xs], [wr.half() for wr in ws]
+out = torch_npu.npu_mm_reduce_scatter_base(xh[rank].npu(), wh[rank].npu(), hcom, world)
+assert out.dtype == torch.float16
+close("mm_reduce_scatter_base float16", out.float(),
+      sum(x.float() @ wr.float() for x, wr in zip(xh, wh)).chunk(world)[rank], atol=2e-2, rtol=2e-2)
 ok("mm_reduce_scatter_base")
 
 if world == 4:   # two groups of two: each op finds its own group by name
