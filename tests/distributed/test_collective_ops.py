@@ -63,6 +63,18 @@ def test_a_group_of_one_computes_the_plain_matmul(group_of_one):
     torch.testing.assert_close(gathered.cpu(), x)
     out = torch.ops.npu.npu_mm_reduce_scatter_base(x.npu(), w.npu(), group_of_one, 1)
     torch.testing.assert_close(out.cpu(), x @ w)
+    # cpu tensors go through the same group (its backend serves the cpu too)
+    out, gathered = torch_npu.npu_all_gather_base_mm(x, w, group_of_one, 1, bias=w[0])
+    assert out.device.type == "cpu"
+    torch.testing.assert_close(out, x @ w + w[0])
+    ids = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32)
+    weights = torch.tensor([[0.25, 0.75], [0.5, 0.5]])
+    expand_x, _, idx, counts, recv_counts, _, _ = torch_npu.npu_moe_distribute_dispatch(x[:2], ids, group_of_one,
+                                                                                        1, 0, 2)
+    assert counts.tolist() == [2, 2]
+    y = torch.cat([expand_x[:2] * 2, expand_x[2:4] * 3])          # expert 0 doubles, expert 1 triples
+    out = torch_npu.npu_moe_distribute_combine(y, ids, idx, recv_counts, weights, group_of_one, 1, 0, 2)
+    torch.testing.assert_close(out, x[:2] * torch.tensor([[0.25 * 2 + 0.75 * 3], [0.5 * 3 + 0.5 * 2]]))
 
 
 def test_a_destroyed_groups_name_no_longer_resolves():
