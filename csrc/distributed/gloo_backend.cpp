@@ -4,8 +4,10 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <utility>
 
 #include "../core/launch.h"
@@ -450,6 +452,53 @@ c10::intrusive_ptr<c10d::Work> GlooBackend::allgather_coalesced(std::vector<std:
 
 void GlooBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
   gloo_->monitoredBarrier(opts, wait_all_ranks);
+}
+
+namespace {
+
+// name -> backend, for the ops that take a group by its communicator name. Weak:
+// a destroyed group's backend goes, and its name no longer resolves.
+std::mutex& namesMutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+std::map<std::string, c10::weak_intrusive_ptr<GlooBackend>>& names() {
+  static auto* registry = new std::map<std::string, c10::weak_intrusive_ptr<GlooBackend>>();
+  return *registry;
+}
+
+}  // namespace
+
+std::string GlooBackend::commName() {
+  std::lock_guard<std::mutex> lock(namesMutex());
+  if (comm_name_.empty()) {
+    static std::atomic<int64_t> unnamed{0};
+    const std::string& group = getGroupUid();
+    comm_name_ = group.empty() ? "hccl_backend_" + std::to_string(unnamed++) : "hccl_" + group;
+  }
+  // Registered at every call: a group destroyed and made again under the same name
+  // takes the name over.
+  names().insert_or_assign(comm_name_, c10::weak_intrusive_ptr<GlooBackend>(
+                                           c10::intrusive_ptr<GlooBackend>::reclaim_copy(this)));
+  return comm_name_;
+}
+
+c10::intrusive_ptr<GlooBackend> GlooBackend::resolve(const std::string& name) {
+  std::lock_guard<std::mutex> lock(namesMutex());
+  auto it = names().find(name);
+  if (it == names().end()) return {};
+  auto backend = it->second.lock();
+  if (!backend) names().erase(it);
+  return backend;
+}
+
+std::vector<std::string> GlooBackend::registeredNames() {
+  std::lock_guard<std::mutex> lock(namesMutex());
+  std::vector<std::string> out;
+  for (const auto& [name, backend] : names()) {
+    if (!backend.expired()) out.push_back(name);
+  }
+  return out;
 }
 
 c10::intrusive_ptr<c10d::Work> GlooBackend::barrier(const c10d::BarrierOptions& opts) {

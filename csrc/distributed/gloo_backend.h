@@ -92,6 +92,18 @@ class GlooBackend final : public c10d::Backend {
                                                      const c10d::AllgatherOptions& opts) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
   void setSequenceNumberForGroup() override { gloo_->setSequenceNumberForGroup(); }
+
+  // The communicator name of Ascend's ProcessGroupHCCL.get_hccl_comm_name(rank):
+  // "hccl_<group name>" (the same on every rank of the group; a backend made
+  // outside a group gets "hccl_backend_<n>"). The name is registered, so that
+  // the collective ops that take a group by its name (npu_all_gather_base_mm,
+  // npu_moe_distribute_dispatch, ...) find this backend with resolve().
+  std::string commName();
+  // The backend registered under `name` by commName() in this process, or null
+  // (never named, or its group was destroyed).
+  static c10::intrusive_ptr<GlooBackend> resolve(const std::string& name);
+  // The names registered now, for error messages.
+  static std::vector<std::string> registeredNames();
   uint64_t getSequenceNumberForGroup() override { return gloo_->getSequenceNumberForGroup(); }
 
  private:
@@ -116,6 +128,7 @@ class GlooBackend final : public c10d::Backend {
   bool always_stage_;  // NPU_DIST_STAGING=1
   std::mutex mutex_;   // one collective at a time uses buffer_
   HostBuffer buffer_;
+  std::string comm_name_;  // set by commName()
   std::mutex retained_mutex_;
   std::vector<c10::intrusive_ptr<c10d::Work>> retained_;
 };

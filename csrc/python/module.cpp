@@ -726,7 +726,13 @@ void bindDistributed(py::module_& m) {
     py::class_<GlooBackend, c10d::Backend, c10::intrusive_ptr<GlooBackend>>(
         target, "GlooBackend", "The c10d backend of npu tensors: Gloo's collectives run by the host, on host-addressable npu memory or on "
         "pinned host copies.")
-        .def(py::init<c10::intrusive_ptr<c10d::Backend>, std::string>(), py::arg("gloo"), py::arg("name"));
+        .def(py::init<c10::intrusive_ptr<c10d::Backend>, std::string>(), py::arg("gloo"), py::arg("name"))
+        .def("get_hccl_comm_name", [](GlooBackend& self, int64_t rank, bool /*init_comm: the group is ready when made*/) {
+          TORCH_CHECK_VALUE(rank >= 0, "get_hccl_comm_name(rank): rank must be this process's rank (>= 0), got ", rank);
+          return self.commName();
+        }, py::arg("rank"), py::arg("init_comm") = true,
+        "The group's communicator name (Ascend's ProcessGroupHCCL.get_hccl_comm_name): what the collective ops "
+        "(npu_all_gather_base_mm, npu_moe_distribute_dispatch, ...) take as their hcom/group_ep string.");
   });
 }
 

@@ -40,6 +40,14 @@ from .ops.attention import (  # noqa: E402
     npu_prompt_flash_attention,
     npu_scatter_pa_kv_cache,
 )
+from .ops.collective import (  # noqa: E402
+    npu_all_gather_base_mm,
+    npu_mm_reduce_scatter_base,
+    npu_moe_distribute_combine,
+    npu_moe_distribute_combine_v2,
+    npu_moe_distribute_dispatch,
+    npu_moe_distribute_dispatch_v2,
+)
 from .ops.formats import Format, get_npu_format, npu_format_cast, npu_format_cast_  # noqa: E402
 from .ops.fused import (  # noqa: E402
     npu_add_rms_norm,
