@@ -93,8 +93,8 @@ def test_fusion_attention_rejects_what_it_does_not_support():
     q = torch.randn(1, 2, 4, 8).npu()
     with pytest.raises(ValueError, match="input_layout"):
         torch_npu.npu_fusion_attention(q, q, q, 2, "NSD")
-    with pytest.raises(ValueError, match="sparse_mode 4"):
-        torch_npu.npu_fusion_attention(q, q, q, 2, "BNSD", sparse_mode=4)
+    with pytest.raises(ValueError, match="sparse_mode 5"):
+        torch_npu.npu_fusion_attention(q, q, q, 2, "BNSD", sparse_mode=5)
     with pytest.raises(ValueError, match="TND.*actual_seq_qlen"):
         torch_npu.npu_fusion_attention(q[0], q[0], q[0], 2, "TND")
 
