@@ -93,8 +93,8 @@ def test_fusion_attention_rejects_what_it_does_not_support():
     q = torch.randn(1, 2, 4, 8).npu()
     with pytest.raises(ValueError, match="input_layout"):
         torch_npu.npu_fusion_attention(q, q, q, 2, "NSD")
-    with pytest.raises(ValueError, match="sparse_mode 4"):
-        torch_npu.npu_fusion_attention(q, q, q, 2, "BNSD", sparse_mode=4)
+    with pytest.raises(ValueError, match="sparse_mode 5"):
+        torch_npu.npu_fusion_attention(q, q, q, 2, "BNSD", sparse_mode=5)
     with pytest.raises(ValueError, match="TND.*actual_seq_qlen"):
         torch_npu.npu_fusion_attention(q[0], q[0], q[0], 2, "TND")
 
@@ -159,6 +159,62 @@ def test_transformers_llama_npu_attention_path_matches_cpu():
 
     npu_flash_attention.ATTN_MASK_NPU_CACHE.clear()
 
+
+
+@pytest.mark.parametrize("sparse_mode", [3, 2])
+def test_transformers_npu_flash_attention_bsnd_and_varlen_tnd_match_sdpa_on_the_cpu(monkeypatch, sparse_mode):
+    """transformers' integrations/npu_flash_attention.py in a tiny Llama: a padded batch takes its
+    varlen path (layout TND, actual_seq_qlen/kvlen from the unpadded rows), an unpadded one the
+    BSND path; both causal with the compressed mask and sparse_mode NPU_FA2_SPARSE_MODE (3, the
+    default, or 2), against the same model with sdpa on the cpu, forward, backward and greedy decoding."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.integrations import flash_attention, npu_flash_attention
+
+    # NPU_FA2_SPARSE_MODE is read when these modules are imported: what it sets there is set here
+    # (with 2, top-left causal, transformers drops causality for a single query: decoding).
+    monkeypatch.setattr(npu_flash_attention, "SPARSE_MODE", sparse_mode)
+    monkeypatch.setattr(flash_attention, "_use_top_left_mask", sparse_mode == 2)
+    calls = []
+    real = npu_flash_attention.npu_fusion_attention
+
+    def recorded(*args, **kwargs):
+        calls.append((kwargs.get("input_layout", args[4] if len(args) > 4 else None), kwargs.get("sparse_mode", 0)))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(npu_flash_attention, "npu_fusion_attention", recorded)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=101)
+    config._attn_implementation = "sdpa"
+    cpu = transformers.LlamaForCausalLM(config)
+    npu_config = copy.deepcopy(config)
+    npu_config._attn_implementation = "flash_attention_2"
+    npu = transformers.LlamaForCausalLM(npu_config)
+    npu.load_state_dict(cpu.state_dict())
+    npu = npu.npu()
+    try:
+        ids = torch.randint(0, 101, (3, 10))
+        mask = torch.ones(3, 10, dtype=torch.long)
+        mask[1, 6:] = 0  # right padding: rows of 10, 6 and 8 tokens
+        mask[2, 8:] = 0
+        labels = ids.masked_fill(mask == 0, -100)
+        expected = cpu(input_ids=ids, attention_mask=mask, labels=labels)
+        actual = npu(input_ids=ids.npu(), attention_mask=mask.npu(), labels=labels.npu())
+        assert ("TND", sparse_mode) in calls, calls
+        kept = mask.bool()
+        torch.testing.assert_close(actual.logits.cpu()[kept], expected.logits[kept], **TOL)
+        torch.testing.assert_close(actual.loss.cpu(), expected.loss, **TOL)
+        expected.loss.backward()
+        actual.loss.backward()
+        for (name, p), q in zip(cpu.named_parameters(), npu.parameters()):
+            torch.testing.assert_close(q.grad.cpu(), p.grad, msg=name, **TOL)
+        calls.clear()
+        prompt = ids[:1, :5]
+        assert torch.equal(npu.generate(prompt.npu(), max_new_tokens=4, do_sample=False).cpu(),
+                           cpu.generate(prompt, max_new_tokens=4, do_sample=False))
+        assert ("BSND", sparse_mode) in calls, calls
+    finally:
+        npu_flash_attention.ATTN_MASK_NPU_CACHE.clear()  # later tests count live npu memory
 
 def test_accelerate_picks_the_npu():
     accelerate = pytest.importorskip("accelerate")

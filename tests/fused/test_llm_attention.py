@@ -680,6 +680,89 @@ def test_fusion_attention_grad_long_causal_in_tiles():
         assert torch.equal(first.cpu(), second.cpu())
 
 
+def band_reference(q, k, v, scale, keep):
+    """float32 attention whose empty rows (no kept key) are 0, differentiable everywhere:
+    the rows with a key take the softmax, the others contribute nothing."""
+    group = q.size(1) // k.size(1)
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = (q @ k.transpose(-1, -2) * scale).masked_fill(~keep, float("-inf"))
+    seen = keep.any(-1, keepdim=True)
+    p = torch.where(seen, s, torch.zeros_like(s)).softmax(-1) * keep * seen
+    return p @ v, torch.logsumexp(s, -1)
+
+
+# (sq, skv, pre_tockens, next_tockens): a sliding window, a band off a longer key sequence
+# (counted from the bottom-right corner: the last query's band ends at the last key), a
+# shorter key sequence (the first queries see no key), the whole lower triangle (= mode 3)
+# and a band that leaves out the diagonal.
+BAND_CASES = [(6, 6, 2, 0), (4, 7, 1, 1), (7, 4, 2, 1), (6, 6, NO_BAND, 0), (5, 5, 3, -1)]
+
+
+@pytest.mark.parametrize("layout", ["BNSD", "BSND", "SBH", "TND"])
+@pytest.mark.parametrize("sq,skv,pre,nxt", BAND_CASES)
+def test_fusion_attention_band_mode_4_forward_grad_op_and_autograd(layout, sq, skv, pre, nxt):
+    torch.manual_seed(1)
+    dtype, scale = torch.float32, 0.4
+    q, k, v = rand(B, N, sq, D, dtype=dtype), rand(B, KVN, skv, D, dtype=dtype), rand(B, KVN, skv, D, dtype=dtype)
+    dy = rand(B, N, sq, D, dtype=dtype)
+    keep = geometry(sq, skv, 4, pre, nxt)
+    ref_in = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected, expected_lse = band_reference(*ref_in, scale, keep)
+    expected.backward(dy)
+
+    lay = lambda t: fa_layout(t, layout).npu()  # noqa: E731
+    extra = dict(actual_seq_qlen=[sq, 2 * sq], actual_seq_kvlen=[skv, 2 * skv]) if layout == "TND" else {}
+    band = dict(atten_mask=COMPRESSED.npu(), sparse_mode=4, pre_tockens=pre, next_tockens=nxt, **extra)
+    leaves = [lay(t).requires_grad_() for t in (q, k, v)]
+    fwd = torch_npu.npu_fusion_attention(*leaves, N, layout, scale=scale, **band)
+    torch.testing.assert_close(fa_unlayout(fwd[0].detach().cpu(), layout, B, N), expected.detach(), **tol(dtype))
+    seen = keep.any(-1)
+    lse = fwd[1][..., 0].cpu()
+    if layout == "TND":
+        lse = lse.reshape(B, sq, N).transpose(1, 2)
+    torch.testing.assert_close(lse[..., seen], expected_lse.detach()[..., seen], **tol(dtype))
+    # autograd through the forward
+    fwd[0].backward(lay(dy))
+    for got, ref, heads in zip(leaves, ref_in, (N, KVN, KVN)):
+        torch.testing.assert_close(fa_unlayout(got.grad.cpu(), layout, B, heads), ref.grad, **tol(dtype))
+    # the grad op, with the forward's statistics and recomputing them
+    for stats in (True, False):
+        given = dict(softmax_max=fwd[1], softmax_sum=fwd[2], attention_in=fwd[0].detach()) if stats else {}
+        grads = torch_npu.npu_fusion_attention_grad(lay(q), lay(k), lay(v), lay(dy), N, layout, scale_value=scale,
+                                                    **band, **given)
+        for got, ref, heads in zip(grads[:3], ref_in, (N, KVN, KVN)):
+            torch.testing.assert_close(fa_unlayout(got.cpu(), layout, B, heads), ref.grad, **tol(dtype))
+
+
+def test_fusion_attention_band_mode_4_varlen_per_sequence_and_half_precision():
+    """TND: each sequence has its own band, from its own bottom-right corner; bfloat16."""
+    torch.manual_seed(2)
+    qlens, kvlens, pre, nxt, scale = [3, 6], [5, 4], 1, 0, 0.5
+    dtype = torch.bfloat16
+    q, k, v, dy = rand(9, N, D, dtype=dtype), rand(9, KVN, D, dtype=dtype), rand(9, KVN, D, dtype=dtype), \
+        rand(9, N, D, dtype=dtype)
+    leaves = [t.npu().requires_grad_() for t in (q, k, v)]
+    band = dict(atten_mask=COMPRESSED.npu(), sparse_mode=4, pre_tockens=pre, next_tockens=nxt,
+                actual_seq_qlen=[3, 9], actual_seq_kvlen=[5, 9])
+    out = torch_npu.npu_fusion_attention(*leaves, N, "TND", scale=scale, **band)[0]
+    out.backward(dy.npu())
+    grads = torch_npu.npu_fusion_attention_grad(q.npu(), k.npu(), v.npu(), dy.npu(), N, "TND", scale_value=scale,
+                                                **band)
+    qb = kb = 0
+    for sq, skv in zip(qlens, kvlens):
+        seq = [t.float()[b:b + n].transpose(0, 1).unsqueeze(0).requires_grad_()
+               for t, b, n in ((q, qb, sq), (k, kb, skv), (v, kb, skv))]
+        expected, _ = band_reference(*seq, scale, geometry(sq, skv, 4, pre, nxt))
+        expected.backward(dy.float()[qb:qb + sq].transpose(0, 1).unsqueeze(0))
+        unpack = lambda t: t.squeeze(0).transpose(0, 1)  # noqa: E731
+        close = dict(rtol=3e-2, atol=3e-2)
+        torch.testing.assert_close(out[qb:qb + sq].detach().cpu().float(), unpack(expected.detach()), **close)
+        for i, (lo, n) in enumerate(((qb, sq), (kb, skv), (kb, skv))):
+            torch.testing.assert_close(leaves[i].grad[lo:lo + n].cpu().float(), unpack(seq[i].grad), **close)
+            torch.testing.assert_close(grads[i][lo:lo + n].cpu().float(), unpack(seq[i].grad), **close)
+        qb, kb = qb + sq, kb + skv
+
+
 def test_fusion_attention_grad_errors():
     q = torch.randn(1, 2, 4, 8).npu()
     with pytest.raises(RuntimeError, match="keep_prob 0.9 < 1 .* autograd"):
@@ -688,6 +771,8 @@ def test_fusion_attention_grad_errors():
         torch_npu.npu_fusion_attention_grad(q, q, q, q, 2, "NSD")
     with pytest.raises(RuntimeError, match="must be float32, float16 or bfloat16"):
         torch_npu.npu_fusion_attention_grad(q.double(), q.double(), q.double(), q.double(), 2, "BNSD")
+    with pytest.raises(RuntimeError, match="sparse_mode 5 is not supported.*0 to 4"):
+        torch_npu.npu_fusion_attention_grad(q, q, q, q, 2, "BNSD", sparse_mode=5)
 
 
 # ---- torch.compile: the meta kernels trace each op ----------------------------------------------------

@@ -396,6 +396,33 @@ def test_scaled_masked_softmax_matches_the_composition_with_gradients(dtype, mas
         close(xd.grad, ref_x.grad, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hw", [(64, 64), (32, 64)], ids=str)
+def test_scaled_masked_softmax_fixed_triu_mask_is_the_causal_triangle(dtype, hw):
+    """fixed_triu_mask=True (MindSpeed's ScaledUpperTriangMaskedSoftmax): the given mask is
+    replaced by the upper triangle of (H, W), w > h masked; forward, backward and its op."""
+    torch.manual_seed(0)
+    h, w = hw
+    x = (torch.randn(2, 3, h, w) * 3).to(dtype)
+    ignored = torch.rand(1, 1, h, w) > 0.5  # its content is not read (MindSpeed passes zeros)
+    causal = torch.ones(h, w, dtype=torch.bool).triu(1)
+    scale = 0.25
+    ref_x = leaf(x, dtype=torch.float32)
+    expected = scaled_masked_softmax_ref(ref_x, causal, scale)
+    grad = torch.randn_like(expected)
+    expected.backward(grad)
+    for device in DEVICES:
+        xd = leaf(x, device)
+        actual = torch_npu.npu_scaled_masked_softmax(xd, ignored.to(device), scale, fixed_triu_mask=True)
+        close(actual, expected, dtype)
+        actual.backward(grad.to(device, dtype))
+        close(xd.grad, ref_x.grad, dtype)
+        dx = torch.ops.npu.npu_scaled_masked_softmax_backward(grad.to(device, dtype), actual.detach(),
+                                                              ignored.to(device), scale, True)
+        close(dx, ref_x.grad, dtype)
+        assert torch.count_nonzero(dx.float().cpu() * causal) == 0  # the masked positions get no gradient
+
+
 def test_scaled_masked_softmax_compiles_with_its_backward():
     torch.manual_seed(0)
     x = torch.randn(1, 2, 32, 32, device="npu")
@@ -413,8 +440,8 @@ def test_scaled_masked_softmax_compiles_with_its_backward():
 def test_scaled_masked_softmax_errors():
     x = torch.randn(1, 1, 32, 64, device="npu")
     mask = torch.zeros(1, 1, 32, 64, dtype=torch.bool, device="npu")
-    with pytest.raises(NotImplementedError, match="fixed_triu_mask=True is reserved on Ascend"):
-        torch_npu.npu_scaled_masked_softmax(x, mask, 1.0, True)
+    with pytest.raises(RuntimeError, match="mask .* must broadcast to x's shape"):
+        torch_npu.npu_scaled_masked_softmax(x, mask[..., :32], 1.0, True)  # checked even when not read
     with pytest.raises(RuntimeError, match=r"mask must be bool on npu:0, got Float \(make it with mask.bool\(\)"):
         torch_npu.npu_scaled_masked_softmax(x, mask.float())
     with pytest.raises(RuntimeError, match=r"H and W of x .* must be multiples of 32 in \[32, 4096\]"):

@@ -650,17 +650,20 @@ void fusionAttentionGradKernelImpl(Args& a, bool meta) {
   r.pre = a.integer("pre_tockens");
   r.next = a.integer("next_tockens");
   r.sparse = a.integer("sparse_mode");
-  TORCH_CHECK(r.sparse >= 0 && r.sparse <= 3, "npu::", r.op, ": sparse_mode ", r.sparse, " is not supported on the "
-              "npu device (npu_fusion_attention has 0 to 3)");
+  TORCH_CHECK(r.sparse >= 0 && r.sparse <= 4, "npu::", r.op, ": sparse_mode ", r.sparse, " is not supported on the "
+              "npu device (npu_fusion_attention has 0 to 4: 0 atten_mask and pre/next tokens, 1 full atten_mask, "
+              "2 causal top-left, 3 causal bottom-right, 4 band bottom-right)");
   r.bandWithoutMask = true;
   r.mask = a.tensor("atten_mask");
-  if (r.sparse >= 2) r.mask = at::Tensor();  // the causal pattern: its geometry
+  // Modes 2-4: atten_mask is the compressed pattern; the mode's geometry (and, for 4, the
+  // band of pre/next tokens from the bottom-right corner) replaces it.
+  if (r.sparse >= 2) r.mask = at::Tensor();
   r.pse = a.tensor("pse");
   r.qLensCount = a.length("actual_seq_qlen");
   r.kvLensCount = a.length("actual_seq_kvlen");
   if (r.in == Layout::TND) {
-    TORCH_CHECK(!r.mask.defined(), "npu::", r.op, ": layout TND takes sparse_mode 2 or 3 (or no mask) on the npu "
-                "device");
+    TORCH_CHECK(!r.mask.defined(), "npu::", r.op, ": layout TND takes atten_mask only with sparse_mode 2, 3 or 4 "
+                "(the compressed pattern) on the npu device; pass no mask, or use layout BSND");
   }
   if (!meta && r.in == Layout::TND) readLengths(r, a, "actual_seq_qlen", "actual_seq_kvlen");
   // For BSH/SBH the kv heads follow from the sizes.

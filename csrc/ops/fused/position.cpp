@@ -219,13 +219,13 @@ void checkTopKTopP(const at::Tensor& logits, const std::optional<at::Tensor>& p,
 void checkScaledMaskedSoftmax(const char* op, const at::Tensor& x, const at::Tensor& mask, bool fixed_triu_mask) {
   checkDtype(op, x, "x", floatingTypes());
   checkDtype(op, mask, "mask", DtypeSet{at::kBool}, " (make it with mask.bool(); True masks a position out)");
-  TORCH_CHECK_NOT_IMPLEMENTED(!fixed_triu_mask, "npu::", op, ": fixed_triu_mask=True is reserved on Ascend (only "
-                              "False is supported); pass the causal mask explicitly as mask");
   TORCH_CHECK(x.dim() == 4, "npu::", op, ": x must be 4-D [N, C, H, W], got ", x.sizes());
   for (int64_t d : {2, 3}) {
     TORCH_CHECK(x.size(d) >= 32 && x.size(d) <= 4096 && x.size(d) % 32 == 0, "npu::", op, ": H and W of x ",
                 x.sizes(), " must be multiples of 32 in [32, 4096] (the Ascend kernel's limit); pad them");
   }
+  // fixed_triu_mask=True: the mask is the causal upper triangle of (H, W) (w > h masked, as
+  // MindSpeed's ScaledUpperTriangMaskedSoftmax); the given mask is only checked, not read.
   TORCH_CHECK(mask.dim() <= 4 && at::is_expandable_to(mask.sizes(), x.sizes()), "npu::", op, ": mask ",
               mask.sizes(), " must broadcast to x's shape ", x.sizes());
 }

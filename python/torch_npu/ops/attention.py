@@ -157,8 +157,10 @@ def npu_gather_pa_kv_cache(key_cache, value_cache, block_tables, seq_lens, key, 
 _LAYOUTS = ("BSH", "SBH", "BSND", "BNSD", "TND")
 # Ascend's sparse_mode: 0 the given atten_mask (with the pre/next token band),
 # 1 all-masked-by-atten_mask, 2 causal aligned top-left, 3 causal aligned
-# bottom-right (the last query sees every key).
-_SPARSE_MODES = (0, 1, 2, 3)
+# bottom-right (the last query sees every key), 4 the band of pre/next tokens
+# aligned bottom-right (sliding-window attention). 2-4 take the compressed
+# 2048x2048 pattern as atten_mask: the mode's geometry replaces its content.
+_SPARSE_MODES = (0, 1, 2, 3, 4)
 _NO_BAND = 2147483647
 
 
@@ -193,6 +195,13 @@ def _keep_mask(sq: int, skv: int, atten_mask, sparse_mode: int, pre: int, nxt: i
         # atten_mask is then the compressed 2048x2048 causal pattern; the alignment decides.
         diagonal = 0 if sparse_mode == 2 else skv - sq
         return torch.ones(sq, skv, dtype=torch.bool, device=device).tril(diagonal)
+    if sparse_mode == 4:
+        # The band counted from the bottom-right corner: query i keeps keys j with
+        # -pre <= (j - i) - (skv - sq) <= next.
+        rows = torch.arange(sq, device=device).unsqueeze(1)
+        cols = torch.arange(skv, device=device).unsqueeze(0)
+        offset = cols - rows - (skv - sq)
+        return (offset >= -pre) & (offset <= nxt)
     keep = None if atten_mask is None else ~atten_mask.to(torch.bool)
     if sparse_mode == 0 and (pre < _NO_BAND or nxt < _NO_BAND):  # the band applies in mode 0 only
         rows = torch.arange(sq, device=device).unsqueeze(1)
@@ -247,7 +256,9 @@ def npu_fusion_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     cumulative ends). ``atten_mask``: True where attention is *not* allowed.
     ``sparse_mode``: 0 the given mask (and the ``pre_tockens``/``next_tockens``
     band), 1 the same (the full mask), 2 causal aligned top-left, 3 causal
-    aligned bottom-right. ``scale`` multiplies the scores; ``keep_prob`` < 1
+    aligned bottom-right, 4 the band of ``pre_tockens`` before and ``next_tockens``
+    after the diagonal aligned bottom-right (sliding window); 2-4 take the
+    compressed 2048x2048 pattern as ``atten_mask``. ``scale`` multiplies the scores; ``keep_prob`` < 1
     applies dropout.
 
     Returns ``(attention_out, softmax_max, softmax_sum, softmax_out, seed,
@@ -274,16 +285,17 @@ def _composed(query, key, value, head_num, input_layout, pse=None, padding_mask=
         raise ValueError(f"npu_fusion_attention: input_layout must be one of {_LAYOUTS}, got {input_layout!r}")
     if sparse_mode not in _SPARSE_MODES:
         raise ValueError(f"npu_fusion_attention: sparse_mode {sparse_mode} is not supported on this device; "
-                         f"supported: {_SPARSE_MODES} (0/1 explicit mask, 2 top-left causal, 3 bottom-right causal)")
+                         f"supported: {_SPARSE_MODES} (0/1 explicit mask, 2 top-left causal, 3 bottom-right causal, "
+                         f"4 bottom-right band)")
     if not 0.0 < keep_prob <= 1.0:
         raise ValueError(f"npu_fusion_attention: keep_prob must be in (0, 1], got {keep_prob}")
     if padding_mask is not None or prefix is not None:
         raise ValueError("npu_fusion_attention: padding_mask and prefix are reserved (unused) arguments; pass None")
 
     if input_layout == "TND":
-        if pse is not None or (atten_mask is not None and sparse_mode not in (2, 3)):
-            raise ValueError("npu_fusion_attention: layout 'TND' supports the causal sparse modes 2 and 3 "
-                             "(or no mask) on this device, without pse")
+        if pse is not None or (atten_mask is not None and sparse_mode not in (2, 3, 4)):
+            raise ValueError("npu_fusion_attention: layout 'TND' takes atten_mask only as the compressed pattern "
+                             "of sparse modes 2, 3 and 4 (or no mask) on this device, without pse")
         if actual_seq_qlen is None or actual_seq_kvlen is None:
             raise ValueError("npu_fusion_attention: layout 'TND' needs actual_seq_qlen and actual_seq_kvlen "
                              "(the cumulative end of each sequence)")
@@ -294,7 +306,7 @@ def _composed(query, key, value, head_num, input_layout, pse=None, padding_mask=
             q = query[q_begin:q_end].transpose(0, 1).unsqueeze(0)     # [1, N, s, D]
             k = key[kv_begin:kv_end].transpose(0, 1).unsqueeze(0)
             v = value[kv_begin:kv_end].transpose(0, 1).unsqueeze(0)
-            keep = _keep_mask(q.size(2), k.size(2), None if sparse_mode in (2, 3) else atten_mask, sparse_mode,
+            keep = _keep_mask(q.size(2), k.size(2), None if sparse_mode in (2, 3, 4) else atten_mask, sparse_mode,
                               pre_tockens, next_tockens, query.device)
             out, lse = _attend(q, k, v, keep, None, scale, keep_prob)
             numels += q.size(1) * q.size(2) * k.size(2)

@@ -165,7 +165,9 @@ def npu_top_k_top_p(logits, p=None, k=None):
 
 
 def npu_scaled_masked_softmax(x, mask, scale=1, fixed_triu_mask=False):
-    """``softmax((x * scale).masked_fill(mask, -10000), -1)`` computed in float, in x's dtype."""
+    """``softmax((x * scale).masked_fill(mask, -10000), -1)`` computed in float, in x's dtype.
+    ``fixed_triu_mask=True``: the mask is the causal upper triangle of x's (H, W), ``w > h`` masked
+    (MindSpeed's ScaledUpperTriangMaskedSoftmax); the mask given is checked but not read."""
     return _ops.npu_scaled_masked_softmax(x, mask, scale, fixed_triu_mask)
 
 

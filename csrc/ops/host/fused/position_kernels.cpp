@@ -8,6 +8,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/triu.h>
 #include <c10/core/InferenceMode.h>
 
 #if defined(__x86_64__)
@@ -472,6 +474,13 @@ struct MaskRows {
 
 double scaleValue(const at::Scalar& scale) { return scale.toDouble(); }
 
+// The mask the kernels read: the given one, or with fixed_triu_mask the causal upper
+// triangle of x's (H, W) (w > h masked out; the given mask's content is not read).
+at::Tensor softmaxMask(const at::Tensor& x, const at::Tensor& mask, bool fixed_triu_mask) {
+  if (!fixed_triu_mask) return mask;
+  return at::ones({x.size(2), x.size(3)}, mask.options().device(x.device())).triu(1);
+}
+
 // ---- npu_transpose_batchmatmul -------------------------------------------------------------------
 
 // The float32 scale a packed int64 holds in its low 32 bits (npu_trans_quant_param's packing).
@@ -700,7 +709,7 @@ at::Tensor scaledMaskedSoftmax(const at::Tensor& x, const at::Tensor& mask, cons
   const float sc = static_cast<float>(scaleValue(scale));
   return onHostProjected(op, {x, mask}, [&](auto input, auto, auto output) {
     const at::Tensor xh = input(x);
-    const at::Tensor m = input(mask);
+    const at::Tensor m = softmaxMask(xh, input(mask), fixed_triu_mask);
     at::Tensor y = emptyLike(xh);
     const int64_t w = xh.size(3), rows = xh.numel() / w;
     const MaskRows mrows(xh, m);
@@ -738,7 +747,7 @@ at::Tensor scaledMaskedSoftmaxBackward(const at::Tensor& y_grad, const at::Tenso
   checkScaledMaskedSoftmaxBackward(y_grad, y, mask, fixed_triu_mask);
   const float sc = static_cast<float>(scaleValue(scale));
   return onHostProjected(op, {y_grad, y, mask}, [&](auto input, auto, auto output) {
-    const at::Tensor g = input(y_grad), yh = input(y), m = input(mask);
+    const at::Tensor g = input(y_grad), yh = input(y), m = softmaxMask(yh, input(mask), fixed_triu_mask);
     at::Tensor dx = emptyLike(yh);
     const int64_t w = yh.size(3), rows = yh.numel() / w;
     const MaskRows mrows(yh, m);
