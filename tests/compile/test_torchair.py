@@ -552,9 +552,13 @@ def test_vllm_ascend_compiler_interface_end_to_end(tmp_path, use_torchair, enabl
                                                                        enable_static_kernel, use_torchair)
         static_warnings = [str(w.message) for w in caught if "static" in str(w.message)]
         assert bool(static_warnings) == enable_static_kernel, static_warnings
-        if cache_path is not None:
-            assert "def forward" in open(cache_path).read()
         inputs = [t for t in example_inputs]            # the graph's inputs: the parameters and x
+        if cache_path is not None:                      # vllm-ascend's load of its cache, in place of a compile
+            from npugraph_ex.npu_fx_compiler import _CompiledFxArtifacts, _CompiledFxGraph
+            artifacts = _CompiledFxArtifacts()
+            artifacts.py_code = open(cache_path).read()
+            (loaded,) = _CompiledFxGraph.load_artifacts(artifacts)(*inputs)
+            close(loaded.cpu(), block(x))
         static_x = next(t for t in inputs if t.shape == (4, 8) and not isinstance(t, nn.Parameter))
         (out,) = compiled_fn(*inputs)
         close(out.cpu(), block(x))
@@ -566,3 +570,18 @@ def test_vllm_ascend_compiler_interface_end_to_end(tmp_path, use_torchair, enabl
         static_x.copy_(x2.npu())
         g.replay()
         close(static_out.cpu(), block(x2))
+
+
+def test_msprobe_dump_configs_compile_with_warnings(tmp_path):
+    """msprobe's set_ge_dump_config / set_fx_dump_config build torchair configs: they are
+    accepted, the dumps they ask for warn (this project has no graph dumps), the model runs."""
+    torchair_dump = pytest.importorskip("msprobe.pytorch.torchair_dump.torchair_dump")
+    f = lambda x: (x @ x.T).relu()  # noqa: E731
+    for build, expected in ((torchair_dump.set_ge_dump_config, "dump_config.enable_dump"),
+                            (torchair_dump.set_fx_dump_config, "debug.data_dump.type")):
+        config = build(dump_path=str(tmp_path))
+        torch._dynamo.reset()
+        with pytest.warns(UserWarning, match=expected):
+            g = torch.compile(f, backend=torchair.get_npu_backend(compiler_config=config))
+            x = torch.randn(3, 4, device="npu")
+            close(g(x), f(x))

@@ -202,6 +202,8 @@ class NpuBaseConfig:
     def leaves(self, prefix=""):
         """(dotted path, value) of every option below this node; OptionValues give their raw value."""
         for key in self._fixed_attrs:
+            if key.startswith("_") and key[1:] in self._fixed_attrs:
+                continue   # (graph_dump._path: the same option as graph_dump.path)
             item = getattr(self, key)
             if isinstance(item, NpuBaseConfig):
                 yield from item.leaves(f"{prefix}{key}.")

@@ -306,17 +306,37 @@ class _CompiledFxGraph:
         return self.runner(list(args))
 
     def get_code(self, extend_config=None):
-        """The FX graph's Python code after the passes (the adapter returns the code of its
-        captured graph's runner)."""
-        return self.gm.code if self.gm is not None else None
+        """The graph after the passes as a self-contained Python module whose ``forward(self,
+        *inputs)`` runs it (what ``load_artifacts`` loads: vllm-ascend caches it). None for a graph
+        that reads module attributes (constants), which its code alone cannot rebuild."""
+        if self.gm is None or any(n.op == "get_attr" for n in self.gm.graph.nodes):
+            return None
+        from torch.fx.graph_module import _format_import_block
+        from torch.package import sys_importer
+        code = self.gm.graph.python_code(root_module="self")
+        return _format_import_block(code.globals, sys_importer) + code.src
 
     def dump_artifacts(self):
-        return _CompiledFxArtifacts(py_code=self.get_code())
+        code = self.get_code()
+        if code is None:
+            raise RuntimeError("npugraph_ex: this graph reads module constants; its code alone cannot be cached")
+        return _CompiledFxArtifacts(py_code=code)
 
     @classmethod
     def load_artifacts(cls, artifacts):
-        raise RuntimeError("npugraph_ex: a compiled graph cannot be loaded from its code on this device (the adapter's "
-                           "code calls its aclgraph runtime); compile the graph again")
+        """A compiled graph from ``get_code()``'s code: it runs the graph's ops eagerly (capture
+        it with torch.npu.graph as the caller captured the original)."""
+        if artifacts.version != _CompiledFxArtifacts.version:
+            raise RuntimeError(f"Unsupported artifacts version: {artifacts.version}, "
+                               f"expected: {_CompiledFxArtifacts.version}.")
+        namespace = {}
+        exec(compile(artifacts.py_code, "<npugraph_ex cached graph>", "exec"), namespace)  # noqa: S102
+        forward = namespace["forward"]
+
+        def run(inputs):
+            out = forward(None, *inputs)
+            return list(out) if isinstance(out, (tuple, list)) else [out]
+        return cls(run)
 
 
 _GRAPH_IDS = iter(range(1, 1 << 62))
