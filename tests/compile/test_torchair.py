@@ -2,9 +2,8 @@
 paths: each mode against eager results on the cpu, the options that take effect, the ones that
 warn, the config's checks, and the way vllm-ascend's compiler interface calls them."""
 import copy
+import functools
 import os
-import sys
-import textwrap
 import warnings
 
 import pytest
@@ -61,6 +60,7 @@ def compiled_graphs(monkeypatch):
 
 # ---- the modules ------------------------------------------------------------------------------------
 
+@pytest.mark.child_process
 def test_torchair_and_npugraph_ex_import_in_a_fresh_interpreter(run_python):
     out = run_python("""
         import sys
@@ -89,6 +89,7 @@ def test_dynamo_backend_names():
     assert {"npu", "npugraphs", "npugraph_ex"} <= set(names)
 
 
+@pytest.mark.child_process
 def test_dynamo_entry_points_load_the_backends_without_autoload(tmp_path, run_python):
     """pyproject's torch_dynamo_backends entry points (as an installed dist-info lists them):
     with torch_npu not imported, backend="npugraph_ex" and "npu" import it and compile."""
@@ -290,12 +291,16 @@ def test_the_custom_pre_pass_takes_effect_in_every_mode(mode):
             close(g(x.npu(), y.npu()).cpu(), x - y)
 
 
-def test_inplace_pass_runs_a_mutating_op_in_place():
-    lib = torch.library.Library("torchair_test", "FRAGMENT")  # noqa: F841  (kept alive by the op)
-
+@functools.cache
+def _add_one_op():
     @torch.library.custom_op("torchair_test::add_one_", mutates_args=("x",))
     def add_one_(x: torch.Tensor) -> None:
         x.add_(1)
+    return add_one_
+
+
+def test_inplace_pass_runs_a_mutating_op_in_place():
+    add_one_ = _add_one_op()
 
     def f(x):
         y = x * 2
@@ -316,6 +321,7 @@ def test_inplace_pass_runs_a_mutating_op_in_place():
         assert torch.ops.aten.clone.default not in seen[0]
 
 
+@pytest.mark.child_process
 def test_register_replacement_replaces_a_pattern(run_python):
     out = run_python("""
         import torch, torch_npu, npugraph_ex, torchair
