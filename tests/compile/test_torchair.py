@@ -578,16 +578,30 @@ def test_vllm_ascend_compiler_interface_end_to_end(tmp_path, use_torchair, enabl
         close(static_out.cpu(), block(x2))
 
 
-def test_msprobe_dump_configs_compile_with_warnings(tmp_path):
-    """msprobe's set_ge_dump_config / set_fx_dump_config build torchair configs: they are
-    accepted, the dumps they ask for warn (this project has no graph dumps), the model runs."""
+def test_msprobe_dump_configs(tmp_path):
+    """msprobe's set_fx_dump_config: the FX data dump is written as msprobe's torchair compare
+    reads it; set_ge_dump_config (GE's dump) is accepted with warnings, the model runs."""
     torchair_dump = pytest.importorskip("msprobe.pytorch.torchair_dump.torchair_dump")
-    f = lambda x: (x @ x.T).relu()  # noqa: E731
-    for build, expected in ((torchair_dump.set_ge_dump_config, "dump_config.enable_dump"),
-                            (torchair_dump.set_fx_dump_config, "debug.data_dump.type")):
-        config = build(dump_path=str(tmp_path))
-        torch._dynamo.reset()
-        with pytest.warns(UserWarning, match=expected):
-            g = torch.compile(f, backend=torchair.get_npu_backend(compiler_config=config))
-            x = torch.randn(3, 4, device="npu")
-            close(g(x), f(x))
+    import numpy as np
+    f = lambda x, w: (x @ w).relu()  # noqa: E731
+    x, w = torch.randn(3, 4), torch.randn(4, 5)
+    config = torchair_dump.set_ge_dump_config(dump_path=str(tmp_path / "ge"))
+    with pytest.warns(UserWarning, match="dump_config.enable_dump"):
+        g = torch.compile(f, backend=torchair.get_npu_backend(compiler_config=config))
+        close(g(x.npu(), w.npu()).cpu(), f(x, w))
+
+    torch._dynamo.reset()
+    config = torchair_dump.set_fx_dump_config(dump_path=str(tmp_path / "fx"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)    # honoured: no warning
+        g = torch.compile(f, backend=torchair.get_npu_backend(compiler_config=config))
+        for _ in range(2):
+            close(g(x.npu(), w.npu()).cpu(), f(x, w))
+    files = sorted(p.relative_to(tmp_path / "fx") for p in (tmp_path / "fx").rglob("*.npy"))
+    mm_out = [p for p in files if "-aten.mm.default.OUTPUT.0." in p.name]
+    assert [p.parts[-2] for p in mm_out] == ["0", "1"], files        # one directory per step
+    assert mm_out[0].parts[1] == "worldsize1_global_rank0"
+    close(torch.from_numpy(np.load(tmp_path / "fx" / mm_out[1])), x @ w)
+    mm_in = sorted(p.name.split(".INPUT.")[1][0] for p in files if "-aten.mm.default.INPUT." in p.name
+                   and p.parts[-2] == "0")
+    assert mm_in == ["0", "1"]

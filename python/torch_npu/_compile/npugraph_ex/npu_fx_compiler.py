@@ -34,7 +34,7 @@ ACLGRAPH_MODES = ("reduce-overhead", "npugraph_ex")
 
 _GRAPH_DUMP = ("writes the graph to a file (debug.graph_dump.type: txt, pbtxt or py)")
 _FX_DATA_DUMP = ("writes each FX op's inputs and outputs as .npy files (msprobe's torchair compare reads them); "
-                 "this project has no FX data dump: use torch_npu's profiler or msprobe's eager dump")
+                 "here torchair's config.debug.data_dump (type npy) does that, npugraph_ex's dump options do not")
 _GE = "an option of GE, the chip's graph engine, which compiles max-autotune graphs; here inductor compiles them"
 _ACLGRAPH_ONLY = ("applies to the aclgraph modes (reduce-overhead, npugraph_ex) and has no effect in max-autotune, "
                   "as on the chip")
@@ -138,7 +138,8 @@ _NPUGRAPH_EX_HONOURED = frozenset((
     "pattern_fusion_pass", "post_grad_custom_pre_pass", "post_grad_custom_post_pass", "capture_error_mode", "mode",
     "force_recapture"))
 _TORCHAIR_COMMON = ("mode", "debug.run_eagerly", "post_grad_custom_pre_pass", "post_grad_custom_post_pass",
-                    "experimental_config.pattern_fusion_pass")
+                    "experimental_config.pattern_fusion_pass", "debug.data_dump.type", "debug.data_dump.path",
+                    "debug.data_dump.filter")
 _HONOURED = {
     "npugraph_ex_config": _NPUGRAPH_EX_HONOURED,
     "max-autotune": frozenset(_TORCHAIR_COMMON + ("experimental_config.keep_inference_input_mutations",)),
@@ -201,6 +202,7 @@ class _Settings:
     capture_error_mode: str
     force_recapture: bool
     keep_inference_input_mutations: bool
+    fx_dump: object = None     # torchair's debug.data_dump when its type is "npy": the node
 
 
 def _settings(config):
@@ -217,7 +219,8 @@ def _settings(config):
             pool=custom_pool if custom_pool is not None else (None if acl.disable_mempool_reuse_in_same_fx
                                                               else "shared"),
             capture_error_mode="global", force_recapture=False,
-            keep_inference_input_mutations=bool(e.keep_inference_input_mutations))
+            keep_inference_input_mutations=bool(e.keep_inference_input_mutations),
+            fx_dump=d.data_dump if d.data_dump.type._value == "npy" else None)
     c = config
     return _Settings(
         mode=c.mode._value, force_eager=bool(c.force_eager), capture_limit=c.capture_limit._value,
@@ -354,6 +357,11 @@ class _NpuFxCompiler:
 
     def _get_compiled_gm(self, gm, example_inputs):
         static = self._static_inputs
+        dump = _settings(self.config).fx_dump
+        if dump is not None:   # the adapter's FX data dump: the graph as traced, op by op, no graph capture
+            from ._fx_dump import FxDumper
+            name = f"graph_{next(_GRAPH_IDS)}"
+            return _CompiledFxGraph(FxDumper(gm, dump.path, name, dump.filter), self.config, gm)
         gm = _optimize_fx(gm, example_inputs, self.config)
         s = _settings(self.config)
         name = f"graph_{next(_GRAPH_IDS)}"
@@ -420,7 +428,7 @@ def _npu_backend(gm, example_inputs, compiler_config=None, decompositions=None, 
         warnings.warn('torchair: the "reduce-overhead" mode configuration will be deprecated; use the "npugraph_ex" '
                       'backend', DeprecationWarning, stacklevel=2)
     s = _settings(config)
-    if mode == "max-autotune" and not s.force_eager:
+    if mode == "max-autotune" and not s.force_eager and s.fx_dump is None:
         return _inductor(gm, example_inputs, s, decompositions)
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
