@@ -578,30 +578,38 @@ def test_vllm_ascend_compiler_interface_end_to_end(tmp_path, use_torchair, enabl
         close(static_out.cpu(), block(x2))
 
 
-def test_msprobe_dump_configs(tmp_path):
+def test_msprobe_dump_configs(tmp_path, run_python):
     """msprobe's set_fx_dump_config: the FX data dump is written as msprobe's torchair compare
-    reads it; set_ge_dump_config (GE's dump) is accepted with warnings, the model runs."""
-    torchair_dump = pytest.importorskip("msprobe.pytorch.torchair_dump.torchair_dump")
-    import numpy as np
-    f = lambda x, w: (x @ w).relu()  # noqa: E731
-    x, w = torch.randn(3, 4), torch.randn(4, 5)
-    config = torchair_dump.set_ge_dump_config(dump_path=str(tmp_path / "ge"))
-    with pytest.warns(UserWarning, match="dump_config.enable_dump"):
-        g = torch.compile(f, backend=torchair.get_npu_backend(compiler_config=config))
-        close(g(x.npu(), w.npu()).cpu(), f(x, w))
-
-    torch._dynamo.reset()
-    config = torchair_dump.set_fx_dump_config(dump_path=str(tmp_path / "fx"))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)    # honoured: no warning
-        g = torch.compile(f, backend=torchair.get_npu_backend(compiler_config=config))
-        for _ in range(2):
+    reads it; set_ge_dump_config (GE's dump) is accepted with warnings, the model runs. (In a
+    fresh interpreter: importing msprobe.pytorch changes torch.load's safe globals.)"""
+    pytest.importorskip("msprobe")
+    run_python(f"""
+        import pathlib, warnings
+        import numpy as np
+        import pytest, torch, torch_npu, torchair
+        from msprobe.pytorch.torchair_dump import torchair_dump
+        tmp_path = pathlib.Path({str(tmp_path)!r})
+        close = lambda a, b: torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        f = lambda x, w: (x @ w).relu()
+        x, w = torch.randn(3, 4), torch.randn(4, 5)
+        config = torchair_dump.set_ge_dump_config(dump_path=str(tmp_path / "ge"))
+        with pytest.warns(UserWarning, match="dump_config.enable_dump"):
+            g = torch.compile(f, backend=torchair.get_npu_backend(compiler_config=config))
             close(g(x.npu(), w.npu()).cpu(), f(x, w))
-    files = sorted(p.relative_to(tmp_path / "fx") for p in (tmp_path / "fx").rglob("*.npy"))
-    mm_out = [p for p in files if "-aten.mm.default.OUTPUT.0." in p.name]
-    assert [p.parts[-2] for p in mm_out] == ["0", "1"], files        # one directory per step
-    assert mm_out[0].parts[1] == "worldsize1_global_rank0"
-    close(torch.from_numpy(np.load(tmp_path / "fx" / mm_out[1])), x @ w)
-    mm_in = sorted(p.name.split(".INPUT.")[1][0] for p in files if "-aten.mm.default.INPUT." in p.name
-                   and p.parts[-2] == "0")
-    assert mm_in == ["0", "1"]
+
+        torch._dynamo.reset()
+        config = torchair_dump.set_fx_dump_config(dump_path=str(tmp_path / "fx"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)    # honoured: no warning
+            g = torch.compile(f, backend=torchair.get_npu_backend(compiler_config=config))
+            for _ in range(2):
+                close(g(x.npu(), w.npu()).cpu(), f(x, w))
+        files = sorted(p.relative_to(tmp_path / "fx") for p in (tmp_path / "fx").rglob("*.npy"))
+        mm_out = [p for p in files if "-aten.mm.default.OUTPUT.0." in p.name]
+        assert [p.parts[-2] for p in mm_out] == ["0", "1"], files        # one directory per step
+        assert mm_out[0].parts[1] == "worldsize1_global_rank0"
+        close(torch.from_numpy(np.load(tmp_path / "fx" / mm_out[1])), x @ w)
+        mm_in = sorted(p.name.split(".INPUT.")[1][0] for p in files if "-aten.mm.default.INPUT." in p.name
+                       and p.parts[-2] == "0")
+        assert mm_in == ["0", "1"]
+    """)
