@@ -17,7 +17,9 @@ def _device_interface():
 
 def _backends():
     from . import backend
+    from .npugraph_ex import npu_fx_compiler
     backend.register()
+    backend.register_name("npugraph_ex", npu_fx_compiler._npugraph_ex_backend)   # torchair's capture backend
 
 
 def _inductor_backend():
@@ -76,7 +78,10 @@ def _inductor_name(name):
 
 
 def install():
-    """Registers the npu with dynamo and inductor now if they are loaded, else when they load."""
+    """Registers the npu with dynamo and inductor now if they are loaded, else when they load,
+    and provides the Ascend adapter's top-level modules torchair and npugraph_ex (lazily)."""
+    from . import _ascend_modules
+    _ascend_modules.install()
     for name in _INDUCTOR_NAMES:
         npu._provide(name, _inductor_name)
     for theirs, register in _HOOKED.items():

@@ -381,11 +381,8 @@ def register():
     fall back to eager (run when dynamo's registry loads). The change to dynamo's
     ``BackendCompilerFailed`` goes through :mod:`torch_npu._patches` (group "compile")."""
     from torch._dynamo import exc
-    from torch._dynamo.backends import registry
-    if "npu" not in registry._COMPILER_FNS:
-        registry.register_backend(compiler_fn=npu_backend, name="npu")
-    if "npugraphs" not in registry._COMPILER_FNS:   # the Ascend adapter's name for graph replay
-        registry.register_backend(compiler_fn=npugraphs_backend, name="npugraphs")
+    register_name("npu", npu_backend)
+    register_name("npugraphs", npugraphs_backend)   # the Ascend adapter's name for graph replay
 
     def hinting(init):
         def __init__(self, backend_fn, inner_exception, first_useful_frame):
@@ -398,6 +395,19 @@ def register():
                   expects="(self, backend_fn, inner_exception, first_useful_frame)",
                   reason="dynamo's error for a failed backend compiler has no hook for advice: an npu graph's error "
                          "says how to fall back to eager")
+
+
+def register_name(name, compiler_fn):
+    """Registers a dynamo backend name, unless it is registered already or is one of torch_npu's
+    ``torch_dynamo_backends`` entry points that dynamo is loading now (dynamo registers what
+    the entry point names, the same function, once the import of torch_npu it started ends)."""
+    from torch._dynamo.backends import registry
+    if name in registry._COMPILER_FNS:
+        return
+    pending = registry._BACKENDS.get(name)
+    if pending is not None and str(getattr(pending, "value", "")).startswith("torch_npu."):
+        return
+    registry.register_backend(compiler_fn=compiler_fn, name=name)
 
 
 def npugraphs_backend(gm, example_inputs):

@@ -48,13 +48,38 @@ def _key(inputs):
 
 class _Replayer:
     """Runs one compiled graph, ``run(list of inputs)``, from npu graphs, one per input
-    shape set; the inputs at ``static`` indices keep their memory from call to call."""
+    shape set; the inputs at ``static`` indices keep their memory from call to call.
 
-    def __init__(self, run, name, mutates_inputs=False, static=()):
+    The keywords are npugraph_ex's settings (``npugraph_ex.npu_fx_compiler``); the defaults are
+    the "npugraphs" backend's and reduce-overhead's behaviour:
+
+    * ``copy_inputs``: copy each call's inputs into the graph's own (False: the graph reads the
+      caller's tensors, so their addresses join the key: new addresses are a new capture);
+    * ``clone_outputs``: hand back copies (False: the graph's own outputs, overwritten by the
+      next replay);
+    * ``capture_limit``: at most this many captured graphs; later input sets run without one;
+    * ``pool``: None (a private pool per capture), ``"shared"`` (one pool for every capture
+      of this graph) or a ``torch.npu.graph_pool_handle()``;
+    * ``capture_error_mode``: torch.npu.graph's; ``force_recapture``: capture before every replay.
+    """
+
+    def __init__(self, run, name, mutates_inputs=False, static=(), *, copy_inputs=True, clone_outputs=True,
+                 capture_limit=None, pool=None, capture_error_mode="global", force_recapture=False):
         self.run, self.name, self.static = run, name, frozenset(static)
         self.captured = {}   # input key -> (graph, static inputs, static outputs)
         self.eager_because = "it mutates its inputs" if mutates_inputs else None
         self.warmed = set()
+        self.copy_inputs, self.clone_outputs = copy_inputs, clone_outputs
+        self.capture_limit, self.capture_error_mode, self.force_recapture = \
+            capture_limit, capture_error_mode, force_recapture
+        self.pool = torch.npu.graph_pool_handle() if pool == "shared" else pool
+        self.captures = 0          # how many graphs were captured (recaptures included)
+        self.over_limit = False
+
+    def _key(self, inputs):
+        addresses = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)
+                     and (i in self.static or not self.copy_inputs)]
+        return _key(inputs), tuple(inputs[i].data_ptr() for i in addresses)
 
     def __call__(self, inputs):
         inputs = list(inputs)
@@ -69,12 +94,18 @@ class _Replayer:
             return self.run(inputs)
         # Static inputs keep their memory: another tensor there (another model's parameter)
         # is another graph, never copied into the first one's.
-        key = (_key(inputs), tuple(inputs[i].data_ptr() for i in sorted(self.static) if i < len(inputs)
-                                   and isinstance(inputs[i], torch.Tensor)))
+        key = self._key(inputs)
         entry = self.captured.get(key)
-        if entry is None:
+        if entry is None or self.force_recapture:
             if key not in self.warmed:          # first call on these shapes: no graph, a warm-up
                 self.warmed.add(key)
+                return self.run(inputs)
+            if entry is None and self.capture_limit is not None and len(self.captured) >= self.capture_limit:
+                if not self.over_limit:
+                    self.over_limit = True
+                    warnings.warn(f"torch_npu npu graphs: the {self.name} graph has captured {self.capture_limit} "
+                                  f"input shapes (its capture limit): other shapes run without a graph",
+                                  RuntimeWarning, stacklevel=2)
                 return self.run(inputs)
             try:
                 entry = self.captured[key] = self._capture(inputs)
@@ -84,19 +115,24 @@ class _Replayer:
                               f"{self.eager_because}", RuntimeWarning, stacklevel=2)
                 return self.run(inputs)
         graph, static_inputs, static_outputs = entry
-        for i, (static, given) in enumerate(zip(static_inputs, inputs)):
-            if i not in self.static and isinstance(static, torch.Tensor) and static.data_ptr() != given.data_ptr():
-                static.copy_(given)
+        if self.copy_inputs:
+            for i, (static, given) in enumerate(zip(static_inputs, inputs)):
+                if (i not in self.static and isinstance(static, torch.Tensor)
+                        and static.data_ptr() != given.data_ptr()):
+                    static.copy_(given)
         graph.replay()
+        if not self.clone_outputs:
+            return list(static_outputs)
         # The static outputs are overwritten by the next replay: the caller gets its own.
         return [o.clone() if isinstance(o, torch.Tensor) else o for o in static_outputs]
 
     def _capture(self, inputs):
-        static_inputs = [t.clone() if isinstance(t, torch.Tensor) and i not in self.static else t
-                         for i, t in enumerate(inputs)]
+        static_inputs = [t.clone() if isinstance(t, torch.Tensor) and i not in self.static and self.copy_inputs
+                         else t for i, t in enumerate(inputs)]
         graph = torch.npu.NPUGraph()
-        with torch.npu.graph(graph):
+        with torch.npu.graph(graph, pool=self.pool, capture_error_mode=self.capture_error_mode):
             static_outputs = self.run(list(static_inputs))
+        self.captures += 1
         return graph, static_inputs, list(static_outputs)
 
 

@@ -1,0 +1,1 @@
+"""npugraph_ex.configs: ``compiler_config.CompilerConfig`` and ``_process_kwargs_options``."""
