@@ -21,6 +21,7 @@
 #include "../core/ipc.h"
 #include "../core/launch.h"
 #include "../core/profile.h"
+#include "../profiler/kernel_dump.h"
 #include "../profiler/npu_profiler.h"
 #include "../ops/fused/custom_dtype.h"
 #include "../core/stream.h"
@@ -739,8 +740,19 @@ void bindDistributed(py::module_& m) {
   });
 }
 
-// torch_npu._C._cd, the Ascend adapter's dtype codes (torch_npu.float8_e8m0fnu, ...) and its 8-bit casts.
+// The kernel dump (torch_npu.npu.init_dump/set_dump/finalize_dump) and torch_npu._C._cd, the
+// Ascend adapter's dtype codes (torch_npu.float8_e8m0fnu, ...) and its 8-bit casts.
 void bindDumpAndDtypes(py::module_& m) {
+  m.def("_npu_initDump", &npu::profiler::dump::init);
+  m.def("_npu_setDump", [](const std::string& path, bool inputs, bool outputs, bool op_switch) {
+    npu::profiler::dump::set({path, inputs, outputs, op_switch});
+  });
+  m.def("_npu_finalizeDump", &npu::profiler::dump::finalize, py::call_guard<py::gil_scoped_release>());
+  m.def("_dump_state", [] {
+    namespace d = npu::profiler::dump;
+    return py::make_tuple(d::initialised(), d::active(), d::dumpedCount(), d::currentFolder());
+  });
+
   namespace cd = npu::ops::custom_dtype;
   py::module_ sub = m.def_submodule("_cd", "The Ascend adapter's dtype codes (ACL's aclDataType + 256) and 8-bit casts");
   py::class_<cd::Entry> dtype(sub, "DType", "The Ascend adapter's dtype codes, as read-only integer attributes");
