@@ -190,6 +190,25 @@ def test_configuration_errors(tmp_path):
     assert torch.npu.init_dump is torch_npu.npu.utils.init_dump
 
 
+def test_graph_capture_is_not_dumped(tmp_path):
+    x = torch.randn(8, device="npu")
+    y = x * 2                                   # warm up outside the capture
+    graph = torch.npu.NPUGraph()
+    torch_npu.npu.init_dump()
+    torch_npu.npu.set_dump(_config(tmp_path))
+    try:
+        with pytest.warns(UserWarning, match="captured are not dumped"):
+            with torch.npu.graph(graph):
+                y = x * 2
+        graph.replay()
+        z = y + 1                               # eager again: dumped
+    finally:
+        torch_npu.npu.finalize_dump()
+    names = [os.path.basename(p).split(".")[0] for p in dumped_files(str(tmp_path / "dump"))]
+    assert names == ["add"], names
+    torch.testing.assert_close(z.cpu(), x.cpu() * 2 + 1)
+
+
 # --- a training step of a tiny model; msprobe's own readers -----------------------------------------------------------
 
 def _tiny_step():
