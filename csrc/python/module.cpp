@@ -1,5 +1,7 @@
 // torch_npu._C: the Python bindings. No logic here: each function exposes one
 // C++ call of a lower layer (this is the only file that includes torch/extension.h).
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/Event.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/Storage.h>
@@ -19,7 +21,9 @@
 #include "../core/ipc.h"
 #include "../core/launch.h"
 #include "../core/profile.h"
+#include "../profiler/kernel_dump.h"
 #include "../profiler/npu_profiler.h"
+#include "../ops/fused/custom_dtype.h"
 #include "../core/stream.h"
 #include "../dispatch/fallback.h"
 #include "../dispatch/cpu_kernel.h"
@@ -736,6 +740,47 @@ void bindDistributed(py::module_& m) {
   });
 }
 
+// The kernel dump (torch_npu.npu.init_dump/set_dump/finalize_dump) and torch_npu._C._cd, the
+// Ascend adapter's dtype codes (torch_npu.float8_e8m0fnu, ...) and its 8-bit casts.
+void bindDumpAndDtypes(py::module_& m) {
+  m.def("_npu_initDump", &npu::profiler::dump::init);
+  m.def("_npu_setDump", [](const std::string& path, bool inputs, bool outputs, bool op_switch) {
+    npu::profiler::dump::set({path, inputs, outputs, op_switch});
+  });
+  m.def("_npu_finalizeDump", &npu::profiler::dump::finalize, py::call_guard<py::gil_scoped_release>());
+  m.def("_dump_state", [] {
+    namespace d = npu::profiler::dump;
+    return py::make_tuple(d::initialised(), d::active(), d::dumpedCount(), d::currentFolder());
+  });
+
+  namespace cd = npu::ops::custom_dtype;
+  py::module_ sub = m.def_submodule("_cd", "The Ascend adapter's dtype codes (ACL's aclDataType + 256) and 8-bit casts");
+  py::class_<cd::Entry> dtype(sub, "DType", "The Ascend adapter's dtype codes, as read-only integer attributes");
+  for (const auto& e : cd::table()) dtype.attr(e.name) = py::int_(e.code());
+  sub.def("_names", [] {
+    py::list out;
+    for (const auto& e : cd::table()) {
+      py::object torch_dtype = py::none();
+      if (e.torch) torch_dtype = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(*e.torch)));
+      out.append(py::make_tuple(e.name, e.code(), torch_dtype));
+    }
+    return out;
+  });
+  sub.def("_describe", &cd::describe);
+  sub.def("cast_to_fp8", &cd::castToFp8, py::arg("input"), py::arg("dtype"));
+  sub.def("cast_to_fp8_noalloc", [](const at::Tensor& input, at::Tensor output, int64_t dtype) {
+    cd::castToFp8NoAlloc(input, output, dtype);
+  }, py::arg("input"), py::arg("output"), py::arg("dtype"));
+  sub.def("cast_from_fp8", [](const at::Tensor& input, int64_t itype, py::object otype) {
+    // otype: a DType code, or a torch.dtype (its ScalarType)
+    const int64_t code = THPDtype_Check(otype.ptr()) ? static_cast<int64_t>(reinterpret_cast<THPDtype*>(otype.ptr())->scalar_type)
+                                                     : otype.cast<int64_t>();
+    return cd::castFromFp8(input, itype, code);
+  }, py::arg("input"), py::arg("itype"), py::arg("otype"));
+  sub.def("_hif8_decode", [](int bits) { return cd::hif8Decode(static_cast<uint8_t>(bits)); });
+  sub.def("_hif8_encode", [](float x) { return static_cast<int>(cd::hif8Encode(x)); });
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -751,4 +796,5 @@ PYBIND11_MODULE(_C, m) {
   bindDispatch(m);
   bindDistributed(m);
   bindIpc(m);
+  bindDumpAndDtypes(m);
 }

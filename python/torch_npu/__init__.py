@@ -83,11 +83,19 @@ from .fallback import (  # noqa: E402
     set_fallback_mode,
 )
 
+# ---- the Ascend adapter's dtype codes: torch_npu.float8_e8m0fnu == 293, ... (ACL's + 256) -----
+from ._C import _cd as _custom_dtypes  # noqa: E402
+for _name, _code, _ in _custom_dtypes._names():
+    globals()[_name] = _code   # as the adapter: torch_npu.float32 is the int 256, not torch.float32
+del _name, _code
+from .utils.hif8_tensor import HiFloat8Tensor  # noqa: E402,F401
+
 # ---- the private paths the README and tools name: the same modules ----------------------
 from ._core import patches as _patches  # noqa: E402
 from .ops import registry as _ops_registry  # noqa: E402
 
 _sys.modules[__name__ + "._patches"] = _patches              # the ledger
 _sys.modules[__name__ + "._ops_registry"] = _ops_registry    # the op registry
+_sys.modules[__name__ + "._C._cd"] = _custom_dtypes           # the dtype codes, as a submodule of _C
 
 _bootstrap.install_opt_ins()   # TORCH_TRANSFER_TO_NPU=1: last, on the complete package

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "common.h"
+#include "custom_dtype.h"
 #include "moe_quant.h"
 
 namespace npu::ops::moe_quant {
@@ -52,11 +53,10 @@ const char* dtypeName(at::ScalarType t) {
 
 bool isFloat16Or32(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
 
-// Ascend passes dtypes as ints (torch.dtype converts): validate and convert.
+// Ascend passes dtypes as ints (a torch.dtype converts, or one of torch_npu's codes, ACL's + 256):
+// validate and convert (custom_dtype.h; a code without a torch dtype is refused by name).
 at::ScalarType dtypeFromInt(const char* op, c10::Device device, int64_t value, const char* name) {
-  NPU_OP_CHECK(value >= 0 && value < static_cast<int64_t>(at::ScalarType::NumOptions), op, device, name,
-               " must be a torch.dtype, got the integer ", value);
-  return static_cast<at::ScalarType>(value);
+  return custom_dtype::scalarTypeArg(op, device, value, name);
 }
 
 std::vector<Tensor> listOf(const OptTensorList& l) {
@@ -64,6 +64,15 @@ std::vector<Tensor> listOf(const OptTensorList& l) {
 }
 
 }  // namespace
+
+std::string givenDtypes(std::initializer_list<std::pair<const char*, std::optional<int64_t>>> args) {
+  std::string given;
+  for (const auto& [name, value] : args) {
+    if (!value.has_value()) continue;
+    given += (given.empty() ? "" : ", ") + std::string(name) + "=" + custom_dtype::describe(*value);
+  }
+  return given;
+}
 
 // ---- npu_moe_gating_top_k_softmax ------------------------------------------------------
 
@@ -524,12 +533,16 @@ std::tuple<Tensor, Tensor> emptyDynamicQuant(const Tensor& x, const QuantArgs& q
 
 QmmArgs checkQuantMatmul(const Tensor& x1, const Tensor& x2, const Tensor& scale, const Tensor& offset,
                          const Tensor& pertoken, const Tensor& bias, std::optional<int64_t> output_dtype,
-                         bool extra_dtypes, at::OptionalIntArrayRef group_sizes, const Tensor& y_scale) {
+                         const std::string& extra_dtypes, at::OptionalIntArrayRef group_sizes,
+                         const Tensor& y_scale) {
   constexpr const char* op = "npu_quant_matmul";
   const auto dev = x1.device();
   QmmArgs a;
-  NPU_OP_CHECK(!extra_dtypes && !y_scale.defined(), op, dev, "x1_dtype, x2_dtype, pertoken_scale_dtype, scale_dtype and "
-               "y_scale are for float8/float4/hifloat8 data, which this npu lacks; leave them None");
+  NPU_OP_CHECK(extra_dtypes.empty(), op, dev, extra_dtypes, ": x1_dtype, x2_dtype, pertoken_scale_dtype and scale_dtype "
+               "reinterpret the data as float8/float4/hifloat8 (MX quantization on Ascend 950), which this npu's kernels "
+               "do not take; leave them None");
+  NPU_OP_CHECK(!y_scale.defined(), op, dev, "y_scale is for float8/float4/hifloat8 results, which this npu's kernels do "
+               "not produce; leave it None");
   if (group_sizes.has_value()) {
     for (int64_t g : *group_sizes)
       NPU_OP_CHECK(g == 0, op, dev, "group_sizes (block-wise quantization) is not supported on this npu; pass None");
@@ -696,9 +709,11 @@ Gmm gmmOfTensors(at::TensorList x, at::TensorList weight, const OptTensorList& b
                  std::optional<int64_t> x_dtype, std::optional<int64_t> weight_dtype,
                  std::optional<int64_t> scale_dtype, std::optional<int64_t> per_token_scale_dtype) {
   const c10::Device device = x.empty() ? c10::Device(at::kCPU) : x[0].device();
-  NPU_OP_CHECK(!x_dtype && !weight_dtype && !scale_dtype && !per_token_scale_dtype, Gmm::op, device,
-               "x_dtype, weight_dtype, scale_dtype and per_token_scale_dtype name hifloat8/float4/float8_e8m0 data, which "
-               "this npu does not have; leave them None");
+  const std::string given = givenDtypes({{"x_dtype", x_dtype}, {"weight_dtype", weight_dtype},
+                                        {"scale_dtype", scale_dtype}, {"per_token_scale_dtype", per_token_scale_dtype}});
+  NPU_OP_CHECK(given.empty(), Gmm::op, device, given, ": x_dtype, weight_dtype, scale_dtype and per_token_scale_dtype "
+               "reinterpret the data as hifloat8/float4/float8_e8m0fnu (Ascend 950), which this npu's kernels do not "
+               "take; leave them None");
   std::optional<at::ScalarType> out;
   if (output_dtype.has_value()) out = dtypeFromInt(Gmm::op, device, *output_dtype, "output_dtype");
   Gmm g = parseGmm(x, weight, bias, scale, offset, antiquant_scale, antiquant_offset, per_token_scale, activation_input,
@@ -827,7 +842,10 @@ Tensor quantMatmulMeta(const Tensor& x1, const Tensor& x2, const Tensor& scale, 
                        std::optional<int64_t> pertoken_scale_dtype, std::optional<int64_t> scale_dtype,
                        at::OptionalIntArrayRef group_sizes, const OptTensor& y_scale) {
   const QmmArgs a = checkQuantMatmul(x1, x2, scale, valueOr(offset), valueOr(pertoken), valueOr(bias), output_dtype,
-                                     x1_dtype || x2_dtype || pertoken_scale_dtype || scale_dtype, group_sizes,
+                                     givenDtypes({{"x1_dtype", x1_dtype}, {"x2_dtype", x2_dtype},
+                                                  {"pertoken_scale_dtype", pertoken_scale_dtype},
+                                                  {"scale_dtype", scale_dtype}}),
+                                     group_sizes,
                                      valueOr(y_scale));
   return at::empty(a.shape, x1.options().dtype(a.out));
 }

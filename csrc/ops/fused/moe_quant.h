@@ -14,7 +14,10 @@
 #include <c10/util/string_view.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
+#include <string>
+#include <utility>
 #include <tuple>
 #include <vector>
 
@@ -103,7 +106,10 @@ struct QmmArgs {
 };
 QmmArgs checkQuantMatmul(const Tensor& x1, const Tensor& x2, const Tensor& scale, const Tensor& offset,
                          const Tensor& pertoken, const Tensor& bias, std::optional<int64_t> output_dtype,
-                         bool extra_dtypes, at::OptionalIntArrayRef group_sizes, const Tensor& y_scale);
+                         const std::string& extra_dtypes, at::OptionalIntArrayRef group_sizes,
+                         const Tensor& y_scale);
+// "x1_dtype=torch_npu.hifloat8 (290), ..." for the arguments given ("" when none): what a refusal names.
+std::string givenDtypes(std::initializer_list<std::pair<const char*, std::optional<int64_t>>> args);
 
 // -> the result's shape.
 std::vector<int64_t> checkTransQuantParam(const Tensor& scale, const Tensor& offset, std::optional<int64_t> mode);

@@ -38,6 +38,7 @@ from . import utils  # noqa: E402  (torch_npu.npu.utils, the Ascend adapter's pa
 from ._msprobe_names import (  # noqa: E402  (the overflow-status names msprobe calls)
     clear_npu_overflow_flag, get_npu_overflow_flag, is_support_inf_nan, npu_check_overflow,
 )
+from ._kernel_dump import finalize_dump, init_dump, set_dump  # noqa: E402  (msprobe's L2 kernel dump)
 from ._monitoring import memory_usage, power_draw, temperature, utilization  # noqa: E402
 from .memory import (
     device_memory_used,
@@ -158,6 +159,7 @@ __all__ = [
     "seed_all", "set_device", "set_profile", "set_rng_state", "set_rng_state_all", "set_stream", "stream",
     "synchronize",
     "clear_npu_overflow_flag", "get_npu_overflow_flag", "is_support_inf_nan", "npu_check_overflow",
+    "init_dump", "set_dump", "finalize_dump",
 ]
 
 

@@ -17,7 +17,8 @@ import torch
 
 from torch_npu._emu import profiles as _profiles
 
-__all__ = ["clear_npu_overflow_flag", "get_npu_overflow_flag", "is_support_inf_nan", "npu_check_overflow"]
+__all__ = ["clear_npu_diff_flag", "clear_npu_overflow_flag", "get_npu_diff_flag", "get_npu_overflow_flag",
+           "is_support_inf_nan", "npu_check_overflow"]
 
 
 def is_support_inf_nan() -> bool:
@@ -70,3 +71,20 @@ def npu_check_overflow(grad) -> bool:
             raise TypeError(f"npu_check_overflow: expected a tensor or a float, got {type(grad).__name__}")
         return math.isinf(total) or math.isnan(total)
     return _take_flag()
+
+
+_NO_DIFF_FLAG = (
+    "is not provided: no version of the Ascend adapter defines it (Ascend/pytorch and op-plugin, 2026-08), so "
+    "what would raise the flag is not known. msprobe 26.2 names it only in "
+    "DiffCheckDataProcessor._analyze_maybe_diff_flag, which it never calls; its diff_check task compares each "
+    "API's md5 with the bench dump instead, and works without it")
+
+
+def get_npu_diff_flag() -> bool:
+    """Refused by name: see ``_NO_DIFF_FLAG``."""
+    raise NotImplementedError(f"torch_npu.npu.utils.get_npu_diff_flag {_NO_DIFF_FLAG}")
+
+
+def clear_npu_diff_flag() -> None:
+    """Refused by name: see ``_NO_DIFF_FLAG``."""
+    raise NotImplementedError(f"torch_npu.npu.utils.clear_npu_diff_flag {_NO_DIFF_FLAG}")

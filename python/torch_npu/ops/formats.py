@@ -61,11 +61,31 @@ def get_npu_format(tensor) -> Format:
     return Format.NCHW if tensor.dim() == 4 else Format.ND
 
 
-def npu_format_cast(tensor, acl_format) -> torch.Tensor:
-    """A new tensor with ``tensor``'s values in storage format ``acl_format``."""
+def _layout_dtype(value, name):
+    """``customize_dtype``/``input_dtype``: a torch.dtype or a torch_npu dtype code (torch_npu.bfloat16, ...)."""
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        from torch_npu import _C
+        names = {code: n for n, code, _ in _C._cd._names()}
+        if value in names or 0 <= value < 256:
+            return value
+    raise ValueError(f"torch_npu.npu_format_cast: {name} must be a torch.dtype or a torch_npu dtype code "
+                     f"(torch_npu.float8_e8m0fnu, ...), got {value!r}")
+
+
+def npu_format_cast(tensor, acl_format, customize_dtype=None, *, input_dtype=None) -> torch.Tensor:
+    """A new tensor with ``tensor``'s values in storage format ``acl_format``. ``customize_dtype`` (the
+    dtype the chip lays the private format out for, a torch.dtype or a torch_npu dtype code) and
+    ``input_dtype`` are recorded with the format (``_npu_format_dtype``): the values are unchanged,
+    as the emulated npu keeps PyTorch's layout."""
     _npu(tensor, "npu_format_cast")
+    fmt = _format(acl_format, "npu_format_cast")
+    layout = (_layout_dtype(customize_dtype, "customize_dtype"), _layout_dtype(input_dtype, "input_dtype"))
     out = tensor.clone()
-    setattr(out, _ATTRIBUTE, _format(acl_format, "npu_format_cast"))
+    setattr(out, _ATTRIBUTE, fmt)
+    if layout != (None, None):
+        out._npu_format_dtype = layout
     return out
 
 

@@ -312,9 +312,20 @@ def npu_moe_init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_nu
 def npu_grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiquant_scale=None, antiquant_offset=None,
                        per_token_scale=None, group_list=None, activation_input=None, activation_quant_scale=None,
                        activation_quant_offset=None, split_item=0, group_type=None, group_list_type=0, act_type=0,
-                       output_dtype=None, tuning_config=None):
+                       output_dtype=None, tuning_config=None, x_dtype=None, weight_dtype=None, scale_dtype=None,
+                       per_token_scale_dtype=None):
     """``List[Tensor]``: ``x_i @ weight_i (+ bias_i)`` for each group; group_list as a Tensor
-    (cumsum, counts or [group, count] pairs by ``group_list_type``) or a list of ints (cumsum)."""
+    (cumsum, counts or [group, count] pairs by ``group_list_type``) or a list of ints (cumsum).
+    ``x_dtype``, ``weight_dtype``, ``scale_dtype`` and ``per_token_scale_dtype`` (hifloat8/float4/
+    float8_e8m0fnu data, as torch_npu's dtype codes) are refused by name: this npu's kernels do not
+    take those formats."""
+    extra = dict(x_dtype=_code(x_dtype), weight_dtype=_code(weight_dtype), scale_dtype=_code(scale_dtype),
+                 per_token_scale_dtype=_code(per_token_scale_dtype))
+    if isinstance(group_list, (list, tuple)) and any(v is not None for v in extra.values()):
+        given = ", ".join(f"{k}={_describe(v)}" for k, v in extra.items() if v is not None)
+        raise RuntimeError(f"npu::npu_grouped_matmul ({x[0].device if len(x) else 'cpu'}): {given}: x_dtype, "
+                           f"weight_dtype, scale_dtype and per_token_scale_dtype reinterpret the data as hifloat8/"
+                           f"float4/float8_e8m0fnu (Ascend 950), which this npu's kernels do not take; leave them None")
     kwargs = dict(bias=bias, scale=scale, offset=offset, antiquant_scale=antiquant_scale,
                   antiquant_offset=antiquant_offset, per_token_scale=per_token_scale, group_list=group_list,
                   activation_input=activation_input, activation_quant_scale=activation_quant_scale,
@@ -322,7 +333,7 @@ def npu_grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiqua
                   group_list_type=group_list_type, act_type=act_type, output_dtype=output_dtype)
     if isinstance(group_list, (list, tuple)):
         return _ops.npu_grouped_matmul.List(list(x), list(weight), **kwargs)
-    return _ops.npu_grouped_matmul(list(x), list(weight), tuning_config=tuning_config, **kwargs)
+    return _ops.npu_grouped_matmul(list(x), list(weight), tuning_config=tuning_config, **extra, **kwargs)
 
 
 def npu_moe_token_permute(tokens, indices, num_out_tokens=None, padded_mode=False):
@@ -340,16 +351,38 @@ def npu_dynamic_quant(x, *, smooth_scales=None, group_index=None, dst_type=None,
                       dst_type_max=0.0):
     """``(y, scale)``: per-token symmetric quantization, ``scale = absmax(x * smooth) / 127`` (float32)
     and ``y = round(x * smooth / scale)`` (int8; ``dst_type=torch.quint4x2``: int4, eight to an int32)."""
-    return _ops.npu_dynamic_quant(x, smooth_scales=smooth_scales, group_index=group_index, dst_type=dst_type,
+    return _ops.npu_dynamic_quant(x, smooth_scales=smooth_scales, group_index=group_index, dst_type=_code(dst_type),
                                   quant_mode=quant_mode, dst_type_max=dst_type_max)
 
 
 def npu_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None, output_dtype=None,
-                     group_sizes=None):
+                     x1_dtype=None, x2_dtype=None, pertoken_scale_dtype=None, scale_dtype=None, group_sizes=None,
+                     y_scale=None):
     """``(x1 @ x2 [+ int32 bias]) * scale * pertoken_scale + offset [+ float bias]`` for int8 (or
-    int32-packed int4) operands; int8 result by default, else ``output_dtype``."""
+    int32-packed int4) operands; int8 result by default, else ``output_dtype`` (a torch.dtype or a
+    torch_npu dtype code such as ``torch_npu.bfloat16``). ``x1_dtype``, ``x2_dtype``,
+    ``pertoken_scale_dtype`` and ``scale_dtype`` (float8/float4/hifloat8 data: ``torch_npu.float8_e8m0fnu``,
+    ...) are refused by name: this npu's kernels do not take those formats."""
     return _ops.npu_quant_matmul(x1, x2, scale, offset=offset, pertoken_scale=pertoken_scale, bias=bias,
-                                 output_dtype=output_dtype, group_sizes=group_sizes)
+                                 output_dtype=_code(output_dtype), x1_dtype=_code(x1_dtype),
+                                 x2_dtype=_code(x2_dtype), pertoken_scale_dtype=_code(pertoken_scale_dtype),
+                                 scale_dtype=_code(scale_dtype), group_sizes=group_sizes, y_scale=y_scale)
+
+
+def _describe(dtype):
+    """How an error names a dtype argument: ``torch_npu.hifloat8 (290)``, ``torch.int8``."""
+    from torch_npu import _C
+    return _C._cd._describe(dtype) if isinstance(dtype, int) else str(dtype)
+
+
+def _code(dtype):
+    """An op's ``int`` dtype argument: a torch.dtype, a torch_npu dtype code (an int) or None."""
+    if dtype is None or isinstance(dtype, int):
+        return dtype
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    raise TypeError(f"expected a torch.dtype or a torch_npu dtype code (torch_npu.float8_e8m0fnu, ...), "
+                    f"got {type(dtype).__name__}")
 
 
 def npu_convert_weight_to_int4pack(weight, inner_k_tiles=0):

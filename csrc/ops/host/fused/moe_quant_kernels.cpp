@@ -893,7 +893,10 @@ Tensor quantMatmul(const Tensor& x1, const Tensor& x2, const Tensor& scale, cons
   constexpr const char* op = "npu_quant_matmul";
   const Tensor offset = valueOr(offset_opt), pertoken = valueOr(pertoken_opt), bias = valueOr(bias_opt);
   const QmmArgs a = checkQuantMatmul(x1, x2, scale, offset, pertoken, bias, output_dtype,
-                                     x1_dtype || x2_dtype || pertoken_scale_dtype || scale_dtype, group_sizes,
+                                     givenDtypes({{"x1_dtype", x1_dtype}, {"x2_dtype", x2_dtype},
+                                                  {"pertoken_scale_dtype", pertoken_scale_dtype},
+                                                  {"scale_dtype", scale_dtype}}),
+                                     group_sizes,
                                      valueOr(y_scale));
   return onHostProjected(op, {x1, x2, scale, offset, pertoken, bias}, [&](auto input, auto output) {
     Tensor a1 = input(x1), a2;
