@@ -318,6 +318,7 @@ def test_scatter_nd_update(device):
     target = cache.clone().to(device)
     r = torch_npu.npu_scatter_nd_update_(target, idx2.to(device), upd2.to(device))
     assert r is target and torch.equal(target.cpu(), ref2)
+    assert target._version == 1  # as aten's in-place ops
     # a view of a larger cache (kv_cache.view(-1, D)), updated in place
     big = torch.zeros(2, 6, 8).to(device)
     torch_npu.npu_scatter_nd_update_(big.view(-1, 8), torch.tensor([[7]]).to(device), torch.ones(1, 8).to(device))

@@ -18,6 +18,8 @@
 // (torch.compile, graph capture) sees it.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/irange.h>
@@ -783,6 +785,26 @@ Tensor moeFinalizeRoutingMeta(const Tensor& expanded, const OptTensor& skip1, co
   return at::empty({rows, expanded.size(1)}, expanded.options());
 }
 
+// Autograd for the kernels that write their inputs (schema `Tensor(a!)`): none has a backward (as
+// on Ascend); they run below autograd and bump the version counters of what they wrote, as aten's
+// in-place ops do, so a saved tensor they overwrote is caught.
+void belowAutogradBumpingWrites(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& args = op.schema().arguments();
+  const size_t n = args.size();
+  std::vector<Tensor> written;
+  for (const auto i : c10::irange(n)) {
+    const c10::IValue& v = (*stack)[stack->size() - n + i];
+    if (args[i].alias_info() != nullptr && args[i].alias_info()->isWrite() && v.isTensor())
+      written.push_back(v.toTensor());
+  }
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.callBoxed(stack);
+  }
+  for (const Tensor& t : written)
+    if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+}
+
 }  // namespace
 }  // namespace npu::ops::inference
 
@@ -867,6 +889,11 @@ TORCH_LIBRARY_IMPL(npu, Meta, m) {
   m.impl("npu_mla_prolog_v3", TORCH_FN(inference::mlaPrologV3Entry<true>));
 }
 
+TORCH_LIBRARY_IMPL(npu, Autograd, m) {
+  for (const char* name : {"_npu_kv_rmsnorm_rope_cache_inplace", "_npu_scatter_nd_update_inplace", "npu_mla_prolog_v3"})
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&inference::belowAutogradBumpingWrites>());
+}
+
 // The ATB ops (Ascend Transformer Boost), in their own namespace as on Ascend.
 TORCH_LIBRARY_FRAGMENT(atb, m) {
   m.def("_npu_paged_attention(Tensor query, Tensor key_cache, Tensor value_cache, int num_kv_heads, int num_heads, "
@@ -881,6 +908,10 @@ void registerAtbKernels(torch::Library& m) {
 }
 TORCH_LIBRARY_IMPL(atb, PrivateUse1, m) { registerAtbKernels(m); }
 TORCH_LIBRARY_IMPL(atb, CPU, m) { registerAtbKernels(m); }
+
+TORCH_LIBRARY_IMPL(atb, Autograd, m) {
+  m.impl("_npu_paged_attention", torch::CppFunction::makeFromBoxedFunction<&inference::belowAutogradBumpingWrites>());
+}
 
 TORCH_LIBRARY_IMPL(atb, Meta, m) {
   m.impl("_npu_paged_attention", TORCH_FN(inference::pagedAttentionMeta));
