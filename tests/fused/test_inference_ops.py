@@ -95,7 +95,8 @@ def test_w8a16_requantized_int8_output():
 
 
 def test_w8a16_errors():
-    x, w, s = torch.randn(4, 32).half().npu(), torch.randint(-8, 8, (32, 8), dtype=torch.int8).npu(), torch.ones(8).half().npu()
+    x, s = torch.randn(4, 32).half().npu(), torch.ones(8).half().npu()
+    w = torch.randint(-8, 8, (32, 8), dtype=torch.int8).npu()
     with pytest.raises(RuntimeError, match=r"npu::npu_weight_quant_batchmatmul \(npu:0\): antiquant_scale must have"):
         torch_npu.npu_weight_quant_batchmatmul(x, w, s.float())
     with pytest.raises(RuntimeError, match="antiquant_group_size must be 0 or a multiple of 32"):
@@ -365,7 +366,8 @@ def test_paged_attention_matches_sdpa(device, dtype):
 
 def test_paged_attention_errors():
     q, kc = torch.randn(1, 4, 8).npu(), torch.randn(2, 4, 2, 8).npu()
-    table, lens, out = torch.zeros(1, 2, dtype=torch.int32).npu(), torch.tensor([3], dtype=torch.int32), torch.empty(1, 4, 8).npu()
+    table, lens = torch.zeros(1, 2, dtype=torch.int32).npu(), torch.tensor([3], dtype=torch.int32)
+    out = torch.empty(1, 4, 8).npu()
     with pytest.raises(RuntimeError, match=r"npu::_npu_paged_attention \(npu:0\): num_heads \(4\) must be a multiple"):
         torch_npu._npu_paged_attention(q, kc, kc, 3, 4, 1.0, table, lens, out)
     with pytest.raises(RuntimeError, match=r"context_lens\[0\] = 30 must be in \[0, max_blocks"):
@@ -522,7 +524,8 @@ def test_meta_shapes():
                                      torch.empty(8, dtype=torch.int32, **m), None)
     assert r.shape == (4, 4)
     i, (N, D, Dr, Hckv) = mla_inputs()
-    outs = ops.npu_mla_prolog_v3(*[t.to("meta") for t in i.values()], torch.empty(2, 4, 1, Hckv, dtype=torch.bfloat16, **m),
+    outs = ops.npu_mla_prolog_v3(*[t.to("meta") for t in i.values()],
+                                 torch.empty(2, 4, 1, Hckv, dtype=torch.bfloat16, **m),
                                  torch.empty(2, 4, 1, Dr, dtype=torch.bfloat16, **m))
     assert [tuple(o.shape) for o in outs] == [(3, N, Hckv), (3, N, Dr), (0,), (0,), (0,)]
     with pytest.raises(RuntimeError, match=r"npu::npu_scatter_nd_update \(meta\)"):
@@ -532,7 +535,8 @@ def test_meta_shapes():
 
 def compile_cases():
     torch.manual_seed(0)
-    x, w, s = torch.randn(4, 32).half().npu(), torch.randint(-8, 8, (32, 8), dtype=torch.int8).npu(), torch.rand(8).half().npu()
+    x, s = torch.randn(4, 32).half().npu(), torch.rand(8).half().npu()
+    w = torch.randint(-8, 8, (32, 8), dtype=torch.int8).npu()
     cache = torch.zeros(6, 8).npu()
     q, kc = torch.randn(2, 4, 8).npu(), torch.randn(4, 4, 2, 8).npu()
     table, lens = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32).npu(), torch.tensor([5, 8], dtype=torch.int32).npu()
@@ -583,7 +587,8 @@ def test_compile_traces_and_matches_eager(name):
 
 
 def test_opcheck_fake_tensors():
-    x, w, s = torch.randn(4, 32).half().npu(), torch.randint(-8, 8, (32, 8), dtype=torch.int8).npu(), torch.rand(8).half().npu()
+    x, s = torch.randn(4, 32).half().npu(), torch.rand(8).half().npu()
+    w = torch.randint(-8, 8, (32, 8), dtype=torch.int8).npu()
     q, kc = torch.randn(2, 4, 8).npu(), torch.randn(4, 4, 2, 8).npu()
     table, lens = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32).npu(), torch.tensor([5, 8], dtype=torch.int32)
     i, (N, D, Dr, Hckv) = mla_inputs()
