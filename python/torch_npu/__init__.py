@@ -56,6 +56,20 @@ from .ops.fused import (  # noqa: E402
     npu_rotary_mul,
     npu_swiglu,
 )
+from .ops.inference import (  # noqa: E402
+    _npu_paged_attention,
+    _npu_paged_attention_get_workspace,
+    npu_attention_update,
+    npu_dynamic_mx_quant,
+    npu_kv_rmsnorm_rope_cache,
+    npu_mla_prolog_v2,
+    npu_mla_prolog_v3,
+    npu_mla_prolog_v3_functional,
+    npu_moe_finalize_routing,
+    npu_scatter_nd_update,
+    npu_scatter_nd_update_,
+    npu_weight_quant_batchmatmul,
+)
 from .ops.moe_quant import (  # noqa: E402
     npu_convert_weight_to_int4pack,
     npu_dynamic_quant,

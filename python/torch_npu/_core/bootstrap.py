@@ -56,7 +56,7 @@ def _device():
 
 
 def _ops():
-    from ..ops import attention, custom, formats, fused, moe_quant, position, registry  # noqa: F401
+    from ..ops import attention, custom, formats, fused, inference, moe_quant, position, registry  # noqa: F401
 
 
 def _optimizers_and_utils():

@@ -3,6 +3,7 @@
 * ``attention``: the attention operators (csrc/ops/fused/attention.cpp) and
   ``npu_fusion_attention``, composed from the flash kernel;
 * ``moe_quant``: mixture of experts and quantization (moe_quant.cpp);
+* ``inference``: LLM serving: weight-only and MX quantization, paged attention, MLA (inference.cpp);
 * ``position``: positional encodings, sampling, masked softmax (position.cpp);
 * ``fused``: RMSNorm, SwiGLU, rotary, fused add-matmul (fused.cpp);
 * ``collective``: matmul fused with a collective, expert-parallel dispatch and
