@@ -5,6 +5,8 @@
 * ``moe_quant``: mixture of experts and quantization (moe_quant.cpp);
 * ``position``: positional encodings, sampling, masked softmax (position.cpp);
 * ``fused``: RMSNorm, SwiGLU, rotary, fused add-matmul (fused.cpp);
+* ``training``: GEGLU, fast GELU, Mish, GroupNorm-SiLU, the Adam steps and the other
+  training operators of MindSpeed and diffusers (training.cpp);
 * ``formats``: the Ascend storage formats, kept as metadata;
 * ``custom``: your own operators (``register_npu_op``);
 * ``registry``: which implementation serves each op (``torch_npu._ops_registry`` is this module).
