@@ -52,6 +52,10 @@ struct DeviceProfile {
   // false on generic, where every op with an npu kernel is native.
   bool restricts_ops = false;
   std::unordered_set<std::string> native_ops;
+  // The Ascend adapter's kernel families on the chip ("aclnn", "aclop", ...);
+  // empty: every family (generic). The npu:: ops Ascend implements only as
+  // aclnn kernels are absent where "aclnn" is (910A, 310P).
+  std::unordered_set<std::string> kernel_families;
   std::optional<CostModel> cost;
 
   bool isChip() const { return soc_version.has_value(); }

@@ -113,6 +113,9 @@ void bindRuntime(py::module_& m) {
     p.total_memory = d["total_memory"].cast<int64_t>();
     p.bfloat16 = d["bfloat16"].cast<bool>();
     p.inf_nan = d["inf_nan"].cast<bool>();
+    if (d.contains("kernel_families") && !d["kernel_families"].is_none()) {
+      for (const auto& family : d["kernel_families"]) p.kernel_families.insert(family.cast<std::string>());
+    }
     if (!d["native_ops"].is_none()) {
       p.restricts_ops = true;
       for (const auto& name : d["native_ops"]) p.native_ops.insert(name.cast<std::string>());

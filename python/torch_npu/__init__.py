@@ -89,6 +89,19 @@ from .ops.position import (  # noqa: E402
     npu_top_k_top_p,
     npu_transpose_batchmatmul,
 )
+from .ops.training import (  # noqa: E402
+    fast_gelu,
+    npu_apply_adam,
+    npu_apply_adam_w,
+    npu_confusion_transpose,
+    npu_fast_gelu,
+    npu_geglu,
+    npu_group_norm_silu,
+    npu_layer_norm_eval,
+    npu_linear,
+    npu_mish,
+    npu_sort_v2,
+)
 from .fallback import (  # noqa: E402
     FallbackStats,
     NPUFallbackMode,

@@ -52,6 +52,7 @@ class Profile:
     native_ops: Optional[FrozenSet[str]]  # None: every op with an npu kernel (generic)
     cost: Optional[Dict[str, float]]      # the cost model's values by name (COST_FIGURES)
     cost_figures: Optional[Dict[str, Figure]] = None   # ... with their basis and source
+    kernel_families: Optional[FrozenSet[str]] = None   # the adapter's kernel families; None: all (generic)
 
     @property
     def is_chip(self) -> bool:
@@ -152,7 +153,7 @@ def load(name: str) -> Profile:
         _fail(name, f"its name field is {data.get('name')!r}, not the file's name")
     _validate(name, data)
     identity, dtypes = data.get("identity", {}), data.get("dtypes", {})
-    native_ops = None
+    native_ops = families = None
     if "ops" in data:
         families = frozenset(data["ops"].get("kernel_families", ()))
         if not families:
@@ -169,7 +170,8 @@ def load(name: str) -> Profile:
                    device_name=identity.get("device_name", "Emulated NPU"),
                    soc_version=identity.get("soc_version"), family=identity.get("family"),
                    properties=dict(data.get("properties", {})), bfloat16=dtypes.get("bfloat16", True),
-                   inf_nan=dtypes.get("inf_nan", True), native_ops=native_ops, cost=cost, cost_figures=figures)
+                   inf_nan=dtypes.get("inf_nan", True), native_ops=native_ops, cost=cost, cost_figures=figures,
+                   kernel_families=families)
 
 
 def define(name: str) -> Profile:
@@ -183,6 +185,7 @@ def define(name: str) -> Profile:
             "vector_core_num": props.get("vector_core_num", 0), "L2_cache_size": props.get("L2_cache_size", 0),
             "total_memory": props.get("total_memory", 0), "bfloat16": profile.bfloat16, "inf_nan": profile.inf_nan,
             "native_ops": None if profile.native_ops is None else sorted(profile.native_ops),
+            "kernel_families": None if profile.kernel_families is None else sorted(profile.kernel_families),
             "cost": profile.cost,
         })
         _defined.add(name)

@@ -8,6 +8,8 @@
 * ``fused``: RMSNorm, SwiGLU, rotary, fused add-matmul (fused.cpp);
 * ``collective``: matmul fused with a collective, expert-parallel dispatch and
   combine, over an "hccl" group named by its communicator name (collective.cpp);
+* ``training``: GEGLU, fast GELU, Mish, GroupNorm-SiLU, the Adam steps and the other
+  training operators of MindSpeed and diffusers (training.cpp);
 * ``formats``: the Ascend storage formats, kept as metadata;
 * ``custom``: your own operators (``register_npu_op``);
 * ``registry``: which implementation serves each op (``torch_npu._ops_registry`` is this module).
