@@ -43,6 +43,8 @@ $(VENV)/.clients: $(VENV)/.deps
 	  || echo "note: msprof-analyze could not be installed; its tests skip"
 	$(PIP) install -q -c $(VENV)/constraints.txt mindstudio-probe \
 	  || echo "note: mindstudio-probe could not be installed; its tests skip"
+	$(PIP) install -q -c $(VENV)/constraints.txt trl \
+	  || echo "note: trl could not be installed; tests/compat/test_trl.py skips"
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.deps setup.py pyproject.toml | system-deps
