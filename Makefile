@@ -86,7 +86,7 @@ pytest: build $(VENV)/.clients
 # launch policy (every kernel queued to its stream's worker thread), so ordering
 # bugs that running on the caller's thread hides cannot come back.
 ALWAYS_ENQUEUE_TESTS := tests/device/test_streams.py tests/device/test_copy.py tests/device/test_random.py tests/models/test_checkpoint.py tests/models/test_models.py \
-	tests/device/test_stream_semantics.py tests/memory/test_memory.py tests/models/test_real_models.py tests/device/test_graphs.py tests/ops/test_quantized.py
+	tests/device/test_stream_semantics.py tests/memory/test_memory.py tests/models/test_real_models.py tests/device/test_graphs.py tests/ops/test_quantized.py tests/device/test_task_groups.py
 pytest-always-enqueue: build
 	NPU_EMU_ALWAYS_ENQUEUE=1 $(MODE_PYTEST) $(ALWAYS_ENQUEUE_TESTS)
 

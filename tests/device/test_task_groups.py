@@ -89,6 +89,7 @@ def test_vllm_ascend_decode_pattern_with_external_events():
 
 def test_external_event_wait_may_come_before_its_record():
     x = torch.zeros(64, device="npu")
+    torch.npu.synchronize()                    # x is written on the default stream, read on others
     producer, consumer = torch.npu.Stream(), torch.npu.Stream()
     event = torch.npu.ExternalEvent()
     event.wait(consumer)                       # before the record: the consumer holds back its later work
@@ -103,6 +104,7 @@ def test_external_event_wait_may_come_before_its_record():
 
 def test_external_event_record_then_wait_and_reset():
     x = torch.zeros(8, device="npu")
+    torch.npu.synchronize()                    # x is written on the default stream, read on others
     a, b = torch.npu.Stream(), torch.npu.Stream()
     event = torch.npu.ExternalEvent()
     with torch.npu.stream(a):
@@ -127,6 +129,7 @@ def test_event_external_records_and_waits_at_each_replay():
     """torch.npu.Event(external=True), as torch.cuda's: recorded or waited on a capturing stream,
     it is a node of the graph, done at each replay, not at capture."""
     x = torch.zeros(32, device="npu")
+    torch.npu.synchronize()                    # x is written on the default stream, read on others
     done, ready = torch.npu.Event(external=True), torch.npu.Event(external=True)
     s = torch.npu.Stream()
     g = torch.npu.NPUGraph()
@@ -144,6 +147,7 @@ def test_event_external_records_and_waits_at_each_replay():
         other.wait_event(done)
         with torch.npu.stream(other):
             z = y * 2
+        other.synchronize()
         assert z.cpu().tolist() == [(value + 1) * 2] * 32
     assert done.event_id != 0
     with pytest.raises(ValueError, match="external and interprocess"):
