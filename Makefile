@@ -45,6 +45,8 @@ $(VENV)/.clients: $(VENV)/.deps
 	  || echo "note: mindstudio-probe could not be installed; its tests skip"
 	$(PIP) install -q -c $(VENV)/constraints.txt diffusers==0.42.1 \
 	  || echo "note: diffusers could not be installed; tests/compat/test_diffusers.py skips"
+	$(PIP) install -q -c $(VENV)/constraints.txt trl==1.16.0 \
+	  || echo "note: trl could not be installed; tests/compat/test_trl.py skips"
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.deps setup.py pyproject.toml | system-deps
@@ -86,7 +88,7 @@ pytest: build $(VENV)/.clients
 # launch policy (every kernel queued to its stream's worker thread), so ordering
 # bugs that running on the caller's thread hides cannot come back.
 ALWAYS_ENQUEUE_TESTS := tests/device/test_streams.py tests/device/test_copy.py tests/device/test_random.py tests/models/test_checkpoint.py tests/models/test_models.py \
-	tests/device/test_stream_semantics.py tests/memory/test_memory.py tests/models/test_real_models.py tests/device/test_graphs.py tests/ops/test_quantized.py
+	tests/device/test_stream_semantics.py tests/memory/test_memory.py tests/models/test_real_models.py tests/device/test_graphs.py tests/ops/test_quantized.py tests/device/test_task_groups.py
 pytest-always-enqueue: build
 	NPU_EMU_ALWAYS_ENQUEUE=1 $(MODE_PYTEST) $(ALWAYS_ENQUEUE_TESTS)
 

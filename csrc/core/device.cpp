@@ -143,6 +143,41 @@ void synchronizeDevice(c10::DeviceIndex index) {
 }
 
 namespace {
+std::atomic<uint64_t> g_stopped{0};  // bit i: device i is stopped
+}  // namespace
+
+void stopDevice(c10::DeviceIndex index) {
+  index = resolveDevice(index);
+  checkDevice(index);
+  g_stopped.fetch_or(uint64_t(1) << index, std::memory_order_acq_rel);
+  // What was queued is skipped (launch.cpp): waiting for it costs nothing.
+  try {
+    runtimeDevice(index).drain();
+  } catch (...) {  // NOLINT(bugprone-empty-catch): errors stay with the streams
+  }
+}
+
+void restartDevice(c10::DeviceIndex index) {
+  index = resolveDevice(index);
+  checkDevice(index);
+  g_stopped.fetch_and(~(uint64_t(1) << index), std::memory_order_acq_rel);
+}
+
+bool anyDeviceStopped() noexcept { return g_stopped.load(std::memory_order_relaxed) != 0; }
+
+bool deviceStopped(c10::DeviceIndex index) noexcept {
+  return index >= 0 && index < 64 && (g_stopped.load(std::memory_order_acquire) >> index & 1) != 0;
+}
+
+void checkNotStopped(c10::DeviceIndex index, const char* what) {
+  if (C10_LIKELY(!anyDeviceStopped())) return;
+  index = resolveDevice(index);
+  TORCH_CHECK(!deviceStopped(index), what, ": npu:", static_cast<int>(index), " FORCE STOP: the device was stopped "
+              "by torch_npu.npu.stop_device(", static_cast<int>(index), "), so work on it fails until "
+              "torch.npu.restart_device(", static_cast<int>(index), ") (as on the chip)");
+}
+
+namespace {
 static_assert(static_cast<int>(c10::ScalarType::NumOptions) <= 64, "a ScalarType no longer fits a bit of uint64_t");
 std::atomic<uint64_t> g_native_dtypes{0};  // bit i: ScalarType i
 }  // namespace

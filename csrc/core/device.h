@@ -50,6 +50,17 @@ bool hostKernelsAllowed(c10::DeviceIndex index);
 // Raises, naming `what`, when the device's events cannot time (timing_events).
 void checkTimingEvents(c10::DeviceIndex index, const char* what);
 
+// torch_npu.npu.stop_device / torch.npu.restart_device (high availability): while a
+// device is stopped, work launched on it raises FORCE STOP (as on the chip), and
+// kernels it had queued are skipped; restart lets work run again.
+void stopDevice(c10::DeviceIndex index);
+void restartDevice(c10::DeviceIndex index);
+bool deviceStopped(c10::DeviceIndex index) noexcept;
+// One relaxed load when no device is stopped.
+bool anyDeviceStopped() noexcept;
+// Raises FORCE STOP, naming `what`, when `index` is stopped.
+void checkNotStopped(c10::DeviceIndex index, const char* what);
+
 // The dtypes the device's kernels compute in (the op library declares them at
 // registration; others take the CPU fallback): what
 // torch.accelerator.get_device_capability() reports.

@@ -32,6 +32,7 @@ struct Capture {
   std::string mode;
   std::thread::id thread;
   std::string invalid;   // what invalidated it (a refused call), "" while it is valid
+  bool update = false;   // a task group's update (taskUpdateBegin): records into graph->update_nodes_
 };
 
 // Launches check `g_active` first: no lock and no lookup when nothing captures.
@@ -50,6 +51,8 @@ struct StreamKeyHash {
 std::unordered_map<const void*, StreamKey> g_event_capture;           // event -> capture it was recorded in
 std::unordered_map<StreamKey, StreamKey, StreamKeyHash> g_joined;    // stream -> capture it waited for
 std::atomic<int> g_joined_count{0};
+std::unordered_set<const Graph*> g_graphs;   // live graphs: what a task group handle may name
+std::atomic<uint64_t> g_generation{0};
 
 bool activeCapture(const StreamKey& key) {
   return std::any_of(g_captures.begin(), g_captures.end(),
@@ -91,7 +94,7 @@ bool Graph::record(c10::DeviceIndex device, Fill fill) {
   if (c == nullptr) return false;
   Node node;
   fill(node);
-  c->graph->nodes_.push_back(std::move(node));
+  (c->update ? c->graph->update_nodes_ : c->graph->nodes_).push_back(std::move(node));
   return true;
 }
 
@@ -225,7 +228,10 @@ void refuseInCapture(c10::DeviceIndex device, int64_t stream_id, const std::stri
               "(capture_end() raises, nothing is replayed) and capture again without it.");
 }
 
-Graph::Graph(bool /*keep_graph*/) {}   // the record is kept whatever keep_graph says: replay needs it
+Graph::Graph(bool /*keep_graph*/) {   // the record is kept whatever keep_graph says: replay needs it
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_graphs.insert(this);
+}
 
 void Graph::capture_begin(c10::MempoolId_t pool, at::GraphCaptureMode mode) {
   switch (mode) {
@@ -255,6 +261,8 @@ Graph::~Graph() {
     reset();
   } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw
   }
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_graphs.erase(this);
 }
 
 void Graph::captureBegin(c10::MempoolId_t pool, const std::string& mode) {
@@ -287,6 +295,9 @@ void Graph::captureBegin(c10::MempoolId_t pool, const std::string& mode) {
   thread_ = std::this_thread::get_id();
   nodes_.clear();
   invalid_.clear();
+  groups_.clear();
+  open_group_ = SIZE_MAX;
+  generation_ = g_generation.fetch_add(1) + 1;
   std::lock_guard<std::mutex> lock(g_mutex);
   g_captures.push_back({this, device, stream, mode, thread_, ""});
   capturing_ = true;
@@ -308,7 +319,7 @@ void Graph::leaveCapture() {
     }
     g_joined_count.store(static_cast<int>(g_joined.size()), std::memory_order_release);
     g_captures.erase(std::remove_if(g_captures.begin(), g_captures.end(),
-                                    [this](const Capture& c) { return c.graph == this; }),
+                                    [this](const Capture& c) { return c.graph == this && !c.update; }),
                      g_captures.end());
   }
   capturing_ = false;
@@ -322,8 +333,13 @@ void Graph::captureEnd() {
   TORCH_CHECK(stream == stream_id_, "NPUGraph.capture_end: the current stream of npu:", static_cast<int>(device_),
               " is ", stream, ", not the capturing stream ", stream_id_, ": end the capture on the stream it began on");
   leaveCapture();
+  if (invalid_.empty() && open_group_ != SIZE_MAX) {
+    invalid_ = "torch.npu.graph_task_group_begin() without its graph_task_group_end()";
+  }
   if (!invalid_.empty()) {
     nodes_.clear();
+    groups_.clear();
+    open_group_ = SIZE_MAX;
     if (holds_pool_) {   // nothing will replay: the pool's memory goes back
       holds_pool_ = false;
       allocator::releasePool(device_, pool_);
@@ -339,6 +355,8 @@ void Graph::replay() {
   TORCH_CHECK(!currentStreamCapturing(device_),
               "NPUGraph.replay: the current stream of npu:", static_cast<int>(device_),
               " is capturing: a replay cannot be captured into another graph");
+  TORCH_CHECK(update_group_ == SIZE_MAX, "NPUGraph.replay: task group ", update_group_, " of this graph is being "
+              "updated (torch.npu.graph_task_update_begin()): call graph_task_update_end() first");
   auto& stream = currentRuntimeStream(device_);
   // One op in a profile (the kernels link to it), and its work is a replay's:
   // a chip runs it without launching each kernel from the host.
@@ -411,15 +429,29 @@ void Graph::replay() {
     });
     i = end;
   }
+  if (!groups_.empty()) {   // an update waits for this replay before it swaps nodes
+    translateRuntimeErrors("NPUGraph.replay", [&] {
+      if (!last_replay_) last_replay_ = runtimeDevice(device_).createEvent(false);
+      last_replay_->record(stream);
+    });
+  }
 }
 
 void Graph::reset() {
   if (capturing_) leaveCapture();
+  endUpdate();
   if (!nodes_.empty() && device_ >= 0) {
     // Queued replays still read the nodes: they go once the device is done.
     translateRuntimeErrors("NPUGraph.reset", [&] { runtimeDevice(device_).synchronize(); });
   }
   nodes_.clear();
+  for (auto& g : groups_) {
+    if (g.update_pool.first != 0 || g.update_pool.second != 0) allocator::releasePool(device_, g.update_pool);
+  }
+  groups_.clear();
+  open_group_ = SIZE_MAX;
+  generation_ = 0;
+  last_replay_.reset();
   captured_ = false;
   invalid_.clear();
   if (holds_pool_) {
@@ -441,6 +473,161 @@ std::string Graph::describe() const {
     out << "  " << i << ": " << nodes_[i].name << " (" << nodes_[i].bytes << " bytes)\n";
   }
   return out.str();
+}
+
+// ---- task groups -------------------------------------------------------------------------
+
+namespace {
+const char* kGroupRemedy = "call it on the stream that captures, inside torch.npu.graph(g, stream=s) (or between "
+                           "g.capture_begin() and g.capture_end())";
+
+// The (non-update) capture of stream `stream_id` of `device`, or raises naming `what`. Needs g_mutex.
+Capture& captureOfStream(c10::DeviceIndex device, int64_t stream_id, const char* what) {
+  Capture* found = nullptr;
+  for (auto& c : g_captures) {
+    if (c.device == device && c.stream == stream_id && !c.update) found = &c;
+  }
+  TORCH_CHECK(found != nullptr, what, ": stream ", stream_id, " of npu:", static_cast<int>(device),
+              " is not capturing a graph; ", kGroupRemedy);
+  return *found;
+}
+}  // namespace
+
+void taskGroupBegin(c10::DeviceIndex device, int64_t stream_id) {
+  device = resolveDevice(device);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  Graph* g = captureOfStream(device, stream_id, "torch.npu.graph_task_group_begin").graph;
+  TORCH_CHECK(g->open_group_ == SIZE_MAX, "torch.npu.graph_task_group_begin: stream ", stream_id, " of npu:",
+              static_cast<int>(device), " is in a task group already (begun at node ", g->open_group_,
+              "): call torch.npu.graph_task_group_end(stream) first; groups do not nest");
+  g->open_group_ = g->nodes_.size();
+}
+
+TaskGroupHandle taskGroupEnd(c10::DeviceIndex device, int64_t stream_id) {
+  device = resolveDevice(device);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  Graph* g = captureOfStream(device, stream_id, "torch.npu.graph_task_group_end").graph;
+  TORCH_CHECK(g->open_group_ != SIZE_MAX, "torch.npu.graph_task_group_end: stream ", stream_id, " of npu:",
+              static_cast<int>(device), " has no task group open: call torch.npu.graph_task_group_begin(stream) "
+              "on it first");
+  g->groups_.push_back({g->open_group_, g->nodes_.size(), {0, 0}});
+  g->open_group_ = SIZE_MAX;
+  return {g, g->generation_, g->groups_.size() - 1};
+}
+
+void taskUpdateBegin(c10::DeviceIndex device, int64_t stream_id, const TaskGroupHandle& handle) {
+  device = resolveDevice(device);
+  const c10::MempoolId_t pool = allocator::newPoolId(false);
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto* g = const_cast<Graph*>(static_cast<const Graph*>(handle.graph));
+    TORCH_CHECK(handle.graph != nullptr && g_graphs.count(g) != 0 && (g->captured_ || g->capturing_) &&
+                    g->generation_ == handle.generation && handle.group < g->groups_.size(),
+                "torch.npu.graph_task_update_begin: the task group handle belongs to a graph that was reset, "
+                "captured again or destroyed since graph_task_group_end() returned it; use a handle of the graph's "
+                "current capture");
+    TORCH_CHECK(g->device_ == device, "torch.npu.graph_task_update_begin: the task group belongs to a graph of npu:",
+                static_cast<int>(g->device_), ", the update stream to npu:", static_cast<int>(device),
+                "; update it from a stream of the graph's device");
+    for (const auto& c : g_captures) {
+      TORCH_CHECK(!(c.device == device && c.stream == stream_id),
+                  "torch.npu.graph_task_update_begin: stream ", stream_id, " of npu:", static_cast<int>(device),
+                  c.update ? " is updating a task group already: call torch.npu.graph_task_update_end(stream) first"
+                           : " is capturing a graph: the update stream must be another stream, one that does not "
+                             "capture (as on the chip); make one with torch.npu.Stream()");
+    }
+    TORCH_CHECK(g->captured_, "torch.npu.graph_task_update_begin: the task group's graph is still capturing: "
+                "update its task groups after the capture ends (capture_end(), the end of torch.npu.graph())");
+    TORCH_CHECK(g->update_group_ == SIZE_MAX, "torch.npu.graph_task_update_begin: task group ", g->update_group_,
+                " of this graph is being updated from stream ", g->update_stream_,
+                ": call torch.npu.graph_task_update_end() on that stream first");
+    g->update_nodes_.clear();
+    g->update_group_ = handle.group;
+    g->update_stream_ = stream_id;
+    g->update_pool_ = pool;
+    // This thread's host reads raise while it updates, as in a capture ("thread_local").
+    g_captures.push_back({g, device, stream_id, "thread_local", std::this_thread::get_id(), "", true});
+    g_active.fetch_add(1, std::memory_order_release);
+  }
+  // What the update allocates stays reserved for its nodes: a pool of its own.
+  allocator::beginAllocateToPool(device, pool, [stream_id](int64_t id) { return id == stream_id; });
+}
+
+void Graph::endUpdate() {
+  if (update_group_ == SIZE_MAX) return;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_captures.erase(std::remove_if(g_captures.begin(), g_captures.end(),
+                                    [this](const Capture& c) { return c.graph == this && c.update; }),
+                     g_captures.end());
+  }
+  g_active.fetch_sub(1, std::memory_order_release);
+  allocator::endAllocateToPool(device_, update_pool_);
+  allocator::releasePool(device_, update_pool_);
+  update_nodes_.clear();
+  update_group_ = SIZE_MAX;
+  update_stream_ = -1;
+  update_pool_ = {0, 0};
+}
+
+void taskUpdateEnd(c10::DeviceIndex device, int64_t stream_id) {
+  device = resolveDevice(device);
+  Graph* g = nullptr;
+  std::string invalid;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    for (auto& c : g_captures) {
+      if (c.device == device && c.stream == stream_id && c.update) {
+        g = c.graph;
+        invalid = c.invalid;
+        c.invalid = "";
+      }
+    }
+  }
+  TORCH_CHECK(g != nullptr, "torch.npu.graph_task_update_end: stream ", stream_id, " of npu:",
+              static_cast<int>(device), " is not updating a task group: call torch.npu.graph_task_update_begin("
+              "stream, handle) on it first");
+  if (!invalid.empty()) {
+    g->endUpdate();
+    TORCH_CHECK(false, "torch.npu.graph_task_update_end: the update was invalidated by ", invalid,
+                ", which a graph cannot replay; the task group keeps its previous work: update it again without it");
+  }
+  // Queued replays read the nodes: the swap waits for the latest one (not for other work).
+  if (g->last_replay_) {
+    translateRuntimeErrors("torch.npu.graph_task_update_end", [&] { g->last_replay_->synchronize(); });
+  }
+  std::vector<Graph::Node> fresh = std::move(g->update_nodes_);
+  const c10::MempoolId_t pool = g->update_pool_;
+  g->update_nodes_.clear();
+  g->update_pool_ = {0, 0};   // the group's now (endUpdate must not release it)
+  const std::size_t index = g->update_group_;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_captures.erase(std::remove_if(g_captures.begin(), g_captures.end(),
+                                    [g](const Capture& c) { return c.graph == g && c.update; }),
+                     g_captures.end());
+  }
+  g_active.fetch_sub(1, std::memory_order_release);
+  allocator::endAllocateToPool(device, pool);
+  g->update_group_ = SIZE_MAX;
+  g->update_stream_ = -1;
+  Graph::Group& group = g->groups_[index];
+  const std::size_t old_count = group.end - group.begin;
+  const std::size_t new_count = fresh.size();
+  g->nodes_.erase(g->nodes_.begin() + static_cast<std::ptrdiff_t>(group.begin),
+                  g->nodes_.begin() + static_cast<std::ptrdiff_t>(group.end));
+  g->nodes_.insert(g->nodes_.begin() + static_cast<std::ptrdiff_t>(group.begin),
+                   std::make_move_iterator(fresh.begin()), std::make_move_iterator(fresh.end()));
+  group.end = group.begin + new_count;
+  for (auto& other : g->groups_) {   // the groups after it move with its new size
+    if (&other != &group && other.begin >= group.begin + old_count) {
+      other.begin = other.begin + new_count - old_count;
+      other.end = other.end + new_count - old_count;
+    }
+  }
+  // The previous update's memory: its nodes are gone and no replay reads them any more.
+  if (group.update_pool.first != 0 || group.update_pool.second != 0) allocator::releasePool(device, group.update_pool);
+  group.update_pool = pool;
 }
 
 // The primitives ask through capture.h, which does not know this file.

@@ -91,6 +91,24 @@ class HostWorkAllowed {
   HostWorkAllowed& operator=(const HostWorkAllowed&) = delete;
 };
 
+// Task groups (torch.npu.graph_task_group_begin/end, graph_task_update_begin/end):
+// the work a capturing stream records between group begin and end is a group of the
+// graph; later, the work launched on another stream between update begin and end is
+// recorded, not run, and replaces the group's nodes (same place in the graph), so the
+// next replay runs the new launches: new arguments without a new capture. Memory the
+// update allocates comes from a pool of its own, kept until the group is updated again
+// or the graph is reset. A handle names its group; a reset or a new capture of the
+// graph voids it.
+struct TaskGroupHandle {
+  const void* graph = nullptr;
+  uint64_t generation = 0;   // the capture it belongs to
+  std::size_t group = 0;     // its index in that capture
+};
+void taskGroupBegin(c10::DeviceIndex device, int64_t stream_id);
+TaskGroupHandle taskGroupEnd(c10::DeviceIndex device, int64_t stream_id);
+void taskUpdateBegin(c10::DeviceIndex device, int64_t stream_id, const TaskGroupHandle& handle);
+void taskUpdateEnd(c10::DeviceIndex device, int64_t stream_id);
+
 // Also PyTorch's graph interface for the npu: torch.accelerator.Graph (registerGraphImpl).
 class Graph final : public at::GraphImplInterface {
  public:
@@ -142,13 +160,35 @@ class Graph final : public at::GraphImplInterface {
   friend bool recordCopy(c10::DeviceIndex, void*, const void*, std::size_t, runtime::CopyKind, c10::Storage);
   friend bool recordHostWork(c10::DeviceIndex, const char*, std::function<void()>);
   friend bool recordRandomKernel(c10::DeviceIndex, const char*, std::vector<c10::IValue>, RandomKernel, std::size_t);
+  friend void taskGroupBegin(c10::DeviceIndex, int64_t);
+  friend TaskGroupHandle taskGroupEnd(c10::DeviceIndex, int64_t);
+  friend void taskUpdateBegin(c10::DeviceIndex, int64_t, const TaskGroupHandle&);
+  friend void taskUpdateEnd(c10::DeviceIndex, int64_t);
   void leaveCapture();
+  void endUpdate();   // drops an update in progress (taskUpdateBegin) without applying it
   // Appends a node that `fill` fills to the capture of this thread's current stream
   // of `device` (the record* functions); false when that stream is not capturing.
   template <class Fill>
   static bool record(c10::DeviceIndex device, Fill fill);
 
   std::vector<Node> nodes_;
+  // Task groups: [begin, end) of nodes_, and the pool of their latest update.
+  struct Group {
+    std::size_t begin = 0;
+    std::size_t end = 0;
+    c10::MempoolId_t update_pool{0, 0};
+  };
+  std::vector<Group> groups_;
+  std::size_t open_group_ = SIZE_MAX;   // where an unfinished group began
+  uint64_t generation_ = 0;             // process-unique per capture: voids older handles
+  // An update in progress: the nodes it recorded, its group, stream and pool.
+  std::vector<Node> update_nodes_;
+  std::size_t update_group_ = SIZE_MAX;
+  int64_t update_stream_ = -1;
+  c10::MempoolId_t update_pool_{0, 0};
+  // Marks the end of the latest replay of a graph with groups: an update waits for it
+  // before it swaps nodes that a queued replay still reads.
+  std::unique_ptr<runtime::Event> last_replay_;
   c10::DeviceIndex device_ = -1;
   int64_t stream_id_ = 0;
   c10::MempoolId_t pool_{0, 0};

@@ -49,8 +49,10 @@ at::Tensor cpuAlias(const at::Tensor& t, c10::Allocator* resize_allocator) {
 }
 
 void launch(c10::DeviceIndex device, const char* name, runtime::Kernel kernel, std::size_t bytes) {
+  if (C10_UNLIKELY(anyDeviceStopped())) checkNotStopped(device, name);
   if (C10_UNLIKELY(graph::recordKernel(device, name, kernel, bytes))) return;  // captured, not run
   auto& stream = currentRuntimeStream(device);
+  const c10::DeviceIndex stream_device = static_cast<c10::DeviceIndex>(stream.device());
   // While a profiler with npu activities runs, the kernel carries the
   // launcher's debug info: what it allocates or frees on a stream worker is
   // reported to that profiler. Only then: that profiler drains the streams
@@ -64,7 +66,8 @@ void launch(c10::DeviceIndex device, const char* name, runtime::Kernel kernel, s
   translateRuntimeErrors(name, [&] {
     stream.launch(
         name,
-        [kernel = std::move(kernel), debug_info = std::move(debug_info)]() mutable {
+        [kernel = std::move(kernel), debug_info = std::move(debug_info), stream_device]() mutable {
+          if (C10_UNLIKELY(anyDeviceStopped()) && deviceStopped(stream_device)) return;  // stop_device: skipped
           std::optional<c10::DebugInfoGuard> profiled;
           if (debug_info) profiled.emplace(debug_info);
           // Destroyed inside the guard: a tensor the kernel held last is freed
@@ -80,6 +83,7 @@ void launch(c10::DeviceIndex device, const char* name, runtime::Kernel kernel, s
 
 bool launchCopy(c10::DeviceIndex device, void* dst, const void* src, std::size_t n, runtime::CopyKind kind,
                 c10::Storage keep) {
+  if (C10_UNLIKELY(anyDeviceStopped())) checkNotStopped(device, "copy");
   if (C10_UNLIKELY(graph::recordCopy(device, dst, src, n, kind, std::move(keep)))) return false;  // captured
   currentRuntimeStream(device).copy(dst, src, n, kind);
   return true;
@@ -102,6 +106,7 @@ void runHostKernel(c10::DeviceIndex device, const char* name, const runtime::tra
 
 bool runIfIdle(c10::DeviceIndex device, const char* name, runtime::KernelRef kernel, std::size_t bytes) {
   if (C10_UNLIKELY(graph::anyCapture())) return false;   // launch() records it, or refuses it
+  if (C10_UNLIKELY(anyDeviceStopped())) checkNotStopped(device, name);
   auto& stream = currentRuntimeStream(device);
   auto below_autograd = [&kernel] {
     at::AutoDispatchBelowADInplaceOrView guard;

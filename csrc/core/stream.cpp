@@ -102,6 +102,7 @@ thread_local std::vector<HeldStream> t_held;
 }  // namespace
 
 StreamHold::StreamHold(c10::DeviceIndex device, const char* where) : device_(resolveDevice(device)) {
+  if (C10_UNLIKELY(anyDeviceStopped())) checkNotStopped(device_, where);
   capture::checkNotCapturing(device_, where);
   capture::refuseIfJoined(device_, where);
   stream_ = &currentRuntimeStream(device_);

@@ -15,6 +15,7 @@
 
 #include "../core/allocator.h"
 #include "../core/device.h"
+#include "../core/external_event.h"
 #include "../core/generator.h"
 #include "../core/graph.h"
 #include "../core/host_allocator.h"
@@ -237,6 +238,17 @@ void bindStreams(py::module_& m) {
                           "wrap its own streams");
   });
   m.def("_set_stream", [](int64_t id, int64_t d) { npu::exchangeStream(unpackStream(id, d)); });
+  // torch_npu.npu.stop_device / torch.npu.restart_device (device.h).
+  m.def("_stop_device", [](int64_t d) { npu::stopDevice(npu::toDeviceIndex(d)); },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("_restart_device", [](int64_t d) { npu::restartDevice(npu::toDeviceIndex(d)); });
+  m.def("_device_stopped", [](int64_t d) { return npu::deviceStopped(npu::resolveDevice(npu::toDeviceIndex(d))); });
+  // torch._C._storage_Use_Count's twin (trl's activation offloading calls this one on the npu):
+  // the use count of the StorageImpl whose address is `cdata` (UntypedStorage._cdata).
+  m.def("_storage_Use_Count", [](uintptr_t cdata) -> int64_t {
+    TORCH_CHECK(cdata != 0, "torch_npu._C._storage_Use_Count: expected a storage's _cdata, got 0");
+    return static_cast<int64_t>(c10::raw::intrusive_ptr::use_count(reinterpret_cast<c10::StorageImpl*>(cdata)));
+  });
   // Compiled code (inductor's C++ kernels) runs on the calling thread as work of the
   // current stream: it holds the stream (after the work queued before it, before what
   // other threads launch meanwhile; device memory is the device's to use then), calls
@@ -309,6 +321,65 @@ void bindGraphs(py::module_& m) {
       .def("describe", &Graph::describe)
       .def("enable_debug_mode", &Graph::enable_debug_mode)
       .def("debug_dump", &Graph::debug_dump);
+  // Task groups (graph.h): the handle torch.npu.graph_task_group_end() returns.
+  using npu::graph::TaskGroupHandle;
+  py::class_<TaskGroupHandle>(m, "_NPUTaskGroupHandle")
+      .def_property_readonly("task_group", [](const TaskGroupHandle& h) { return h.group; })
+      .def("__repr__", [](const TaskGroupHandle& h) {
+        return "<torch_npu._C._NPUTaskGroupHandle task_group=" + std::to_string(h.group) + ">";
+      });
+  m.def("_graph_task_group_begin", [](int64_t id, int64_t d) {
+    npu::graph::taskGroupBegin(npu::toDeviceIndex(d, false), id);
+  });
+  m.def("_graph_task_group_end", [](int64_t id, int64_t d) {
+    return npu::graph::taskGroupEnd(npu::toDeviceIndex(d, false), id);
+  });
+  m.def("_graph_task_update_begin", [](int64_t id, int64_t d, const TaskGroupHandle& h) {
+    npu::graph::taskUpdateBegin(npu::toDeviceIndex(d, false), id, h);
+  });
+  m.def("_graph_task_update_end", [](int64_t id, int64_t d) {
+    npu::graph::taskUpdateEnd(npu::toDeviceIndex(d, false), id);
+  }, py::call_guard<py::gil_scoped_release>());
+  // torch.npu.ExternalEvent (external_event.h).
+  py::class_<npu::ExternalEvent>(m, "_ExternalEvent")
+      .def(py::init<>())
+      .def("record", [](npu::ExternalEvent& e, int64_t id, int64_t d) { e.record(unpackStream(id, d)); })
+      .def("wait", [](npu::ExternalEvent& e, int64_t id, int64_t d) { e.wait(unpackStream(id, d)); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("reset", [](npu::ExternalEvent& e, int64_t id, int64_t d) { e.reset(unpackStream(id, d)); })
+      .def("pending", &npu::ExternalEvent::pending)
+      .def_property_readonly("handle", &npu::ExternalEvent::handle);
+  // torch.npu.Event(external=True) recorded or waited on a capturing stream: a node
+  // that records the event on, or makes wait, the replaying stream at each replay.
+  m.def("_graph_event_node", [](py::object event, int64_t id, int64_t d, bool wait) {
+    TORCH_CHECK(PyObject_IsInstance(event.ptr(), reinterpret_cast<PyObject*>(&THPEventType)) == 1,
+                "torch.npu.Event: expected a torch.npu.Event");
+    const c10::Stream stream = unpackStream(id, d);
+    const auto device = stream.device_index();
+    std::shared_ptr<py::object> keep(new py::object(event), [](py::object* p) {
+      py::gil_scoped_acquire gil;
+      delete p;
+    });
+    c10::Event* ev = &reinterpret_cast<THPEvent*>(event.ptr())->event;
+    const c10::Stream previous = npu::exchangeStream(stream);
+    bool recorded = false;
+    try {
+      recorded = npu::graph::recordHostWork(device, wait ? "Event.wait (external)" : "Event.record (external)",
+                                            [keep, ev, device, wait] {
+                                              const c10::Stream now = npu::currentStream(device);
+                                              if (wait) {
+                                                ev->block(now);
+                                              } else {
+                                                ev->record(now);
+                                              }
+                                            });
+    } catch (...) {
+      npu::exchangeStream(previous);
+      throw;
+    }
+    npu::exchangeStream(previous);
+    return recorded;
+  });
   m.def("_register_graph_impl", [] { npu::graph::registerGraphImpl(); });
   m.def("_is_current_stream_capturing",
         [](int64_t d) { return npu::graph::currentStreamCapturing(npu::toDeviceIndex(d)); });
@@ -791,6 +862,7 @@ PYBIND11_MODULE(_C, m) {
   npu::registerHooks();
   npu::ops::installHostAllocatorRedirect();
   npu::ops::registerOpLibrary();
+  npu::ops::makeFusedOpsCapturable();
   bindRuntime(m);
   bindStreams(m);
   bindMemory(m);

@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/native/TypeProperties.h>
 #include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <mutex>
@@ -734,6 +735,51 @@ const std::vector<std::string>& settleVectorMathDispatch() {
     return names;
   }();
   return settled;
+}
+
+// ---- the npu library's own ops in graph captures ----------------------------------------
+
+namespace {
+// The fused ops (npu::, ops/fused/) compute on the host, holding the stream: under a
+// capture they are recorded instead, as an aten op the npu runs on the host is
+// (launchHostOp: outputs from the Meta kernel, the CPU kernel at each replay on aliases
+// of the npu memory). Registered at BackendSelect, the one key every dispatch passes
+// (inference tensors included) just above the backends; elsewhere it hands the op on.
+void fusedOpInCapture(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  if (C10_UNLIKELY(graph::anyCapture())) {
+    const size_t n = op.schema().arguments().size();
+    std::optional<c10::Device> device;
+    for (size_t i = stack->size() - n; i < stack->size() && !device; ++i) {
+      dispatch::forEachTensor((*stack)[i], [&](const at::Tensor& t, bool) {
+        if (!device && t.defined() && t.device().type() == kNPU) device = t.device();
+      });
+    }
+    if (device && graph::currentStreamCapturing(device->index())) {
+      NativeKernel::runOnHost(op, stack, *device, c10::DispatchKeySet(c10::DispatchKey::CPU));
+      return;
+    }
+  }
+  op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::BackendSelect),
+                     stack);
+}
+}  // namespace
+
+void makeFusedOpsCapturable() {
+  static torch::Library* library = nullptr;
+  if (library != nullptr) return;
+  library = new torch::Library(torch::Library::IMPL, "npu", c10::DispatchKey::BackendSelect, __FILE__, __LINE__);
+  for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name.rfind("npu::", 0) != 0) continue;
+    auto op = c10::Dispatcher::singleton().findOp(name);
+    // The fused families' ops: the same kernel for npu and cpu tensors, and a Meta kernel.
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) || !op->hasKernelForDispatchKey(c10::DispatchKey::Meta) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::BackendSelect) || returnsView(op->schema())) {
+      continue;
+    }
+    const std::string qualified = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+    library->impl(qualified.substr(5).c_str(), torch::CppFunction::makeFromBoxedFunction<&fusedOpInCapture>());
+  }
 }
 
 }  // namespace npu::ops

@@ -60,6 +60,10 @@ class NativeKernel final : public c10::OperatorKernel {
 
 // Registers the op library (op_library.cpp) for the PrivateUse1 key.
 void registerOpLibrary();
+// Makes the npu library's fused ops (registered for npu and cpu, with a Meta kernel)
+// recordable in graph captures: under a capture they are recorded as host ops are.
+// Called once the extension's static registrations are done.
+void makeFusedOpsCapturable();
 // The library's op names that matched no operator with a CPU kernel.
 const std::vector<std::string>& unmatchedLibraryNames();
 

@@ -153,7 +153,7 @@ CUDA_AMP_NAMES = {"autocast": CLASS, "GradScaler": CLASS, "custom_fwd": "(fwd=No
 DEVICE_INDEX_HELPERS = {
     ("torch_npu.npu._device", "_get_device_index", "(device, optional=True)"): (
         "torch_npu.npu._device", "torch_npu.npu", "torch_npu.npu.memory", "torch_npu.npu.random",
-        "torch_npu.npu.streams", "torch_npu.npu.comm", "torch_npu.npu._monitoring"),
+        "torch_npu.npu.streams", "torch_npu.npu.comm", "torch_npu.npu._monitoring", "torch_npu.npu._recovery"),
     ("torch.accelerator._utils", "_get_device_index", "(device, optional=False)"): (
         "torch.accelerator._utils", "torch.accelerator", "torch.accelerator.memory"),
 }

@@ -100,6 +100,15 @@ from . import amp  # noqa: E402
 from . import comm  # noqa: E402  (torch.npu.comm, as torch.cuda.comm)
 from ._multiprocessing import ipc_collect  # noqa: E402  (torch.cuda.ipc_collect's)
 from ._deepspeed_names import _lazy_call, npurt  # noqa: E402  (what DeepSpeed's NPU_Accelerator calls)
+from .streams import ExternalEvent, SyncLaunchStream  # noqa: E402  (the Ascend adapter's stream names)
+from .graphs import (  # noqa: E402  (task groups: vllm-ascend's graph parameter updates)
+    NpuGraphOpHandler, graph_task_group_begin, graph_task_group_end, graph_task_update_begin, graph_task_update_end,
+    register_npu_graph_handler,
+)
+from ._host_func import (  # noqa: E402,F401
+    _launch_host_func, _launch_host_func_pending, _subscribe_report, _unsubscribe_report,
+)
+from ._recovery import restart_device, stop_device  # noqa: E402  (MindSpeed's high availability)
 
 has_half = True   # float16 kernels, as torch.cuda.has_half
 OutOfMemoryError = torch.OutOfMemoryError  # what the npu allocator raises, as torch.cuda.OutOfMemoryError
@@ -160,6 +169,8 @@ __all__ = [
     "synchronize",
     "clear_npu_overflow_flag", "get_npu_overflow_flag", "is_support_inf_nan", "npu_check_overflow",
     "init_dump", "set_dump", "finalize_dump",
+    "ExternalEvent", "SyncLaunchStream", "graph_task_group_begin", "graph_task_group_end", "graph_task_update_begin",
+    "graph_task_update_end", "restart_device", "stop_device", "NpuGraphOpHandler", "register_npu_graph_handler",
 ]
 
 

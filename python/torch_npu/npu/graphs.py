@@ -21,7 +21,9 @@ from torch_npu import _C
 # the backend's name, which exists once the PrivateUse1 backend is renamed (before this import).
 _C._register_graph_impl()
 
-__all__ = ["NPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables"]
+__all__ = ["NPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables",
+           "graph_task_group_begin", "graph_task_group_end", "graph_task_update_begin", "graph_task_update_end",
+           "NpuGraphOpHandler", "register_npu_graph_handler"]
 
 
 def is_current_stream_capturing() -> bool:
@@ -34,6 +36,178 @@ def graph_pool_handle() -> Tuple[int, int]:
     return _C._new_pool_id(False)
 
 
+def _npu_stream(stream, what: str):
+    if not isinstance(stream, torch.Stream) or stream.device.type != "npu":
+        raise TypeError(f"torch.npu.{what}: expected a torch.npu.Stream, got {type(stream).__name__}")
+    return stream.stream_id, stream.device_index
+
+
+def graph_task_group_begin(stream: "torch.npu.Stream") -> None:
+    """Begins a task group on ``stream``, which captures a graph: the work captured until
+    :func:`graph_task_group_end` can later be replaced by :func:`graph_task_update_begin`."""
+    _C._graph_task_group_begin(*_npu_stream(stream, "graph_task_group_begin"))
+
+
+def graph_task_group_end(stream: "torch.npu.Stream") -> "_C._NPUTaskGroupHandle":
+    """Ends the task group begun on ``stream``; returns its handle."""
+    return _C._graph_task_group_end(*_npu_stream(stream, "graph_task_group_end"))
+
+
+def graph_task_update_begin(stream: "torch.npu.Stream", handle: "_C._NPUTaskGroupHandle") -> None:
+    """On ``stream`` (not the capturing one, and not capturing), the work launched until
+    :func:`graph_task_update_end` is recorded, not run, and replaces the work of the task group
+    ``handle`` names: the graph's next replay runs it in the group's place (new arguments, such as
+    new sequence lengths, without a new capture)."""
+    if not isinstance(handle, _C._NPUTaskGroupHandle):
+        raise TypeError(f"torch.npu.graph_task_update_begin: expected the handle graph_task_group_end() returned, "
+                        f"got {type(handle).__name__}")
+    _C._graph_task_update_begin(*_npu_stream(stream, "graph_task_update_begin"), handle)
+
+
+def graph_task_update_end(stream: "torch.npu.Stream") -> None:
+    """Ends the update begun on ``stream`` and puts its work in the task group's place (after the
+    graph's latest replay has finished with the old work)."""
+    _C._graph_task_update_end(*_npu_stream(stream, "graph_task_update_end"))
+
+
+class NpuGraphOpHandler:
+    """How ``torch.npu.graph(g, auto_dispatch_capture=True)`` captures one op (the Ascend
+    adapter's handler classes): each registered op is captured in a task group, after an
+    ExternalEvent wait, so that ``g.update([...])`` can run it again with new arguments.
+    Subclasses override the class methods; ``UPDATE_KEYS`` names the keyword arguments an
+    update may replace."""
+
+    UPDATE_KEYS: Tuple[str, ...] = ()
+
+    @classmethod
+    def prepare_capture(cls, func, args, kwargs):
+        """(func, args, kwargs) to capture: e.g. the op's out= form writing into tensors made here."""
+        return func, args, kwargs
+
+    @classmethod
+    def postprocess_result(cls, result, kwargs):
+        """What the captured call returns to its caller."""
+        return result
+
+    @classmethod
+    def update_args(cls, record, update_input):
+        """Puts the update's values into the recorded call's keyword arguments."""
+        for key, value in update_input.items():
+            if key in cls.UPDATE_KEYS or key in record.kwargs:
+                record.kwargs[key] = value
+
+
+_NPU_GRAPH_OP_HANDLERS = {}
+
+
+def register_npu_graph_handler(op_names):
+    """Class decorator: ``op_names`` (``"op"`` or ``"op.overload"``) are captured by the handler."""
+    names = [op_names] if isinstance(op_names, str) else list(op_names)
+
+    def register(handler):
+        if not (isinstance(handler, type) and issubclass(handler, NpuGraphOpHandler)):
+            raise TypeError(f"torch.npu.register_npu_graph_handler: expected an NpuGraphOpHandler subclass, got "
+                            f"{handler!r}")
+        for name in names:
+            _NPU_GRAPH_OP_HANDLERS[name] = handler
+        return handler
+    return register
+
+
+def _meta_like(value):
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_meta_like(v) for v in value)
+    return value
+
+
+class _FusedInferAttentionHandler(NpuGraphOpHandler):
+    """npu_fused_infer_attention_score (and _v2): captured in its out= form, into results made
+    from its Meta kernel; an update may give new sequence lengths, block table, etc."""
+
+    UPDATE_KEYS = ("actual_seq_lengths", "actual_seq_lengths_kv", "actual_seq_qlen", "actual_seq_kvlen",
+                   "block_table")
+
+    @classmethod
+    def prepare_capture(cls, func, args, kwargs):
+        if func._overloadname == "out":
+            return func, args, kwargs
+        shapes = func(*_meta_like(args), **{k: _meta_like(v) for k, v in kwargs.items()})
+        device = args[0].device
+        attention_out, softmax_lse = (torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+                                      for t in shapes)
+        kwargs = dict(kwargs, attention_out=attention_out, softmax_lse=softmax_lse)
+        return func.overloadpacket.out, args, kwargs
+
+    @classmethod
+    def postprocess_result(cls, result, kwargs):
+        return (kwargs["attention_out"], kwargs["softmax_lse"])
+
+
+register_npu_graph_handler(["npu_fused_infer_attention_score.default", "npu_fused_infer_attention_score.out",
+                            "npu_fused_infer_attention_score_v2.default",
+                            "npu_fused_infer_attention_score_v2.out"])(_FusedInferAttentionHandler)
+
+
+class _GraphDispatchRecord:
+    __slots__ = ("event", "handle", "func", "args", "kwargs", "handler")
+
+    def __init__(self, event, handle, func, args, kwargs, handler):
+        self.event, self.handle, self.func, self.args, self.kwargs, self.handler = (
+            event, handle, func, args, kwargs, handler)
+
+
+class _GraphDispatchMode(torch.utils._python_dispatch.TorchDispatchMode):
+    """While ``torch.npu.graph(g, auto_dispatch_capture=True)`` captures: each op with a handler
+    is captured in a task group behind an ExternalEvent wait, and recorded for ``g.update``."""
+
+    update_stream = None
+
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        handler = _NPU_GRAPH_OP_HANDLERS.get(func.__name__) or _NPU_GRAPH_OP_HANDLERS.get(
+            func.overloadpacket.__name__)
+        if handler is None:
+            return func(*args, **kwargs)
+        stream = torch.npu.current_stream()
+        event = torch.npu.ExternalEvent()
+        event.wait(stream)
+        event.reset(stream)
+        func, args, kwargs = handler.prepare_capture(func, args, kwargs)
+        graph_task_group_begin(stream)
+        result = func(*args, **kwargs)
+        handle = graph_task_group_end(stream)
+        self.records.append(_GraphDispatchRecord(event, handle, func, list(args), dict(kwargs), handler))
+        return handler.postprocess_result(result, kwargs)
+
+    def update(self, cpu_update_input):
+        if isinstance(cpu_update_input, dict):
+            cpu_update_input = [cpu_update_input]
+        if len(cpu_update_input) == 1:
+            cpu_update_input = [dict(cpu_update_input[0]) for _ in self.records]
+        if len(cpu_update_input) != len(self.records):
+            raise RuntimeError(f"NPUGraph.update: the graph captured {len(self.records)} updatable ops, and "
+                               f"cpu_update_input has {len(cpu_update_input)} entries: give one dict per op, in "
+                               f"capture order, or one dict for all")
+        if _GraphDispatchMode.update_stream is None:
+            _GraphDispatchMode.update_stream = torch.npu.Stream()
+        update = _GraphDispatchMode.update_stream
+        with torch.npu.stream(update):
+            for record, update_input in zip(self.records, cpu_update_input):
+                graph_task_update_begin(update, record.handle)
+                try:
+                    record.handler.update_args(record, update_input)
+                    record.func(*record.args, **record.kwargs)
+                finally:
+                    graph_task_update_end(update)
+                record.event.record(update)
+
+
 class NPUGraph(_C._NPUGraph):
     """A captured graph of npu work (torch.cuda.CUDAGraph's API)."""
 
@@ -42,6 +216,21 @@ class NPUGraph(_C._NPUGraph):
 
     def __init__(self, keep_graph: bool = False):
         super().__init__(keep_graph)
+        self.auto_dispatch_capture = False
+        self.graph_dispatch_mode = _GraphDispatchMode()
+
+    def update(self, cpu_update_input) -> None:
+        """The Ascend adapter's: runs each op captured by ``torch.npu.graph(g, auto_dispatch_capture=True)``
+        again, on an update stream, with the keyword arguments ``cpu_update_input`` gives (a list of
+        dicts, one per op in capture order, or one dict for all); the next replay uses them."""
+        if not self.auto_dispatch_capture:
+            raise RuntimeError("NPUGraph.update: this graph was not captured with torch.npu.graph(g, "
+                               "auto_dispatch_capture=True), so it recorded no op to update; capture it so")
+        self.graph_dispatch_mode.update(cpu_update_input)
+
+    def reset(self) -> None:
+        self.graph_dispatch_mode.records.clear()
+        super().reset()
 
     def capture_begin(self, pool: Optional[Tuple[int, int]] = None, capture_error_mode: str = "global",
                       check_input_liveness: bool = False) -> None:
@@ -74,7 +263,8 @@ class graph:
     default_capture_stream: Optional["torch.npu.Stream"] = None
 
     def __init__(self, npu_graph: NPUGraph, pool=None, stream=None, capture_error_mode: str = "global",
-                 enable_annotations: bool = False, check_input_liveness: bool = False):
+                 enable_annotations: bool = False, check_input_liveness: bool = False,
+                 auto_dispatch_capture: bool = False):
         if self.__class__.default_capture_stream is None:
             self.__class__.default_capture_stream = torch.npu.Stream()
         self.pool = () if pool is None else (pool,)
@@ -82,6 +272,8 @@ class graph:
         self.stream_ctx = torch.npu.stream(self.capture_stream)
         self.npu_graph = npu_graph
         self.capture_error_mode = capture_error_mode
+        self.auto_dispatch_capture = auto_dispatch_capture
+        npu_graph.auto_dispatch_capture = auto_dispatch_capture
 
     def __enter__(self):
         torch.npu.synchronize()
@@ -89,9 +281,14 @@ class graph:
         torch.npu.empty_cache()
         self.stream_ctx.__enter__()
         self.npu_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode)
+        if self.auto_dispatch_capture:
+            self.npu_graph.graph_dispatch_mode.records.clear()
+            self.npu_graph.graph_dispatch_mode.__enter__()
 
     def __exit__(self, exc_type, exc, tb):
         try:
+            if self.auto_dispatch_capture:
+                self.npu_graph.graph_dispatch_mode.__exit__(exc_type, exc, tb)
             self.npu_graph.capture_end()
         except RuntimeError:
             if exc_type is None:

@@ -88,9 +88,20 @@ class Event(torch.Event):
     ``interprocess=True`` (as torch.cuda.Event's): the event can be shared with
     other processes (:meth:`ipc_handle`, :meth:`from_ipc_handle`, or sent through
     torch.multiprocessing); it cannot time.
+
+    ``external=True`` (as torch.cuda.Event's): recorded or waited on a stream that
+    captures a graph, the event becomes a record or wait of the graph itself, done at
+    every replay (CUDA's external event nodes), instead of an order between streams
+    at capture time. Outside a capture it is an ordinary event.
     """
 
-    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                external: bool = False):
+        if external:
+            if interprocess:
+                raise ValueError("torch.npu.Event: an event cannot be both external and interprocess (as on CUDA, "
+                                 "where external events live in one process's graphs); drop one of them")
+            cls = _ExternalEvent if cls is Event else cls
         if interprocess:
             if enable_timing:
                 raise ValueError("torch.npu.Event: an interprocess event cannot time (as CUDA's): create it with "
@@ -132,6 +143,26 @@ class Event(torch.Event):
 
     def __repr__(self) -> str:
         return f"<torch.npu.Event {self.event_id}>"
+
+
+class _ExternalEvent(Event):
+    """torch.npu.Event(external=True): on a capturing stream, record() and wait() are
+    captured as nodes that record the event on, or make wait, the replaying stream at
+    each replay (so streams outside the graph can order against it); elsewhere they are
+    an ordinary event's."""
+
+    def record(self, stream: Optional[torch.Stream] = None) -> None:
+        stream = current_stream() if stream is None else stream
+        if not _C._graph_event_node(self, stream.stream_id, stream.device_index, False):
+            super().record(stream)
+
+    def wait(self, stream: Optional[torch.Stream] = None) -> None:
+        stream = current_stream() if stream is None else stream
+        if not _C._graph_event_node(self, stream.stream_id, stream.device_index, True):
+            super().wait(stream)
+
+    def __repr__(self) -> str:
+        return f"<torch.npu.Event external {self.event_id}>"
 
 
 class _InterprocessEvent(Event):
@@ -180,6 +211,72 @@ class _InterprocessEvent(Event):
 
     def __repr__(self) -> str:
         return f"<torch.npu.Event interprocess {'npu:%d' % self._ipc.device if self._ipc else '(not made yet)'}>"
+
+
+class ExternalEvent:
+    """torch.npu.ExternalEvent (the Ascend adapter's): an event whose wait may come before its
+    record. ``wait(stream)`` holds back the stream's later work until a record of the event
+    runs, one issued before or after the wait, on any stream; each wait consumes one record
+    (the adapter's "wait resets the event"), and ``reset(stream)`` drops records not yet
+    consumed. All three are stream-ordered (None: the current stream). On a stream that
+    captures a graph they are captured: at each replay the graph's stream waits for a record
+    made outside the graph, typically on the stream that updates a task group
+    (torch.npu.graph_task_update_begin). A wait whose record never comes fails after 300 s
+    on the emulator (the chip would wait forever)."""
+
+    def __init__(self):
+        self._event = _C._ExternalEvent()
+
+    def record(self, stream: Optional[torch.Stream] = None) -> None:
+        stream = current_stream() if stream is None else stream
+        _check_npu_stream(stream)
+        self._event.record(stream.stream_id, stream.device_index)
+
+    def wait(self, stream: Optional[torch.Stream] = None) -> None:
+        stream = current_stream() if stream is None else stream
+        _check_npu_stream(stream)
+        self._event.wait(stream.stream_id, stream.device_index)
+
+    def reset(self, stream: Optional[torch.Stream] = None) -> None:
+        stream = current_stream() if stream is None else stream
+        _check_npu_stream(stream)
+        self._event.reset(stream.stream_id, stream.device_index)
+
+    @property
+    def npu_event(self) -> int:
+        """The event's handle, as an integer."""
+        return self._event.handle
+
+    def __repr__(self) -> str:
+        return f"<torch_npu.npu.ExternalEvent {self._event.handle:#x}>"
+
+
+class SyncLaunchStream(Stream):
+    """torch.npu.SyncLaunchStream (the Ascend adapter's): a stream whose launches bypass the
+    adapter's host task queue, for saving a checkpoint after a device fault. The emulated npu
+    has no such queue (every launch reaches the runtime at the call), so it behaves as any
+    Stream; as on the adapter, the streams come from a pool of 4 per device, reused in turn."""
+
+    _pool: dict = {}
+    _POOL_SIZE = 4
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs):
+        if "stream_id" in kwargs:
+            return super().__new__(cls, device, priority, **kwargs)
+        index = _get_device_index(device)
+        streams, turn = cls._pool.setdefault((index, priority), ([], [0]))
+        if len(streams) < cls._POOL_SIZE:
+            made = Stream(index, priority)
+            streams.append((made.stream_id, made.device_index, made.device_type))
+        sid, dev, dtype = streams[turn[0] % len(streams)]
+        turn[0] += 1
+        return torch.Stream.__new__(cls, stream_id=sid, device_index=dev, device_type=dtype)
+
+    def set_data_preprocess_stream(self, is_data_preprocess_stream: bool = False) -> None:
+        """The adapter marks a data-preprocessing stream for its task queue; nothing to do here."""
+
+    def __repr__(self) -> str:
+        return f"<torch.npu.SyncLaunchStream device=npu:{self.device_index} stream_id={self.stream_id}>"
 
 
 def current_stream(device: Any = None) -> Stream:
