@@ -64,6 +64,8 @@ $(VENV)/.clients: $(VENV)/.deps
 	  && COMPILE_CUSTOM_KERNELS=0 SOC_VERSION=ascend910b2 $(PIP) install -q --no-deps --no-build-isolation \
 	    -c $(VENV)/constraints.txt ./build/vllm-ascend \
 	  || echo "note: vllm-ascend could not be fetched from $(VLLM_ASCEND_GIT) or installed; test_vllm_ascend.py skips"
+	$(PIP) install -q -c $(VENV)/constraints.txt numba \
+	  || echo "note: numba (a dependency of vllm-ascend's model runner) could not be installed; its tests fail"
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.deps setup.py pyproject.toml | system-deps

@@ -92,17 +92,32 @@ MODELS = {
 }
 
 # Records each test's outcome and the first line of its failure (loaded with -p).
-PLUGIN = textwrap.dedent('''
+PLUGIN = textwrap.dedent(r'''
     import json, os
 
     _tests, _collect = {}, {}
 
+    import importlib, re
+
     def _message(report):
         crash = getattr(report.longrepr, "reprcrash", None)
         if crash is not None:
-            return crash.message
-        lines = [line for line in str(report.longrepr).splitlines() if line.startswith("E   ")]
-        return (lines[-1][4:] if lines else str(report.longrepr).strip().splitlines()[-1])[:2000]
+            message = crash.message
+        else:
+            lines = [line for line in str(report.longrepr).splitlines() if line.startswith("E   ")]
+            message = lines[-1][4:] if lines else str(report.longrepr).strip().splitlines()[-1]
+        # mock.patch("pkg.module.name") reports a module that failed to import as a missing attribute
+        target = re.search(r"module '((?:vllm_ascend|vllm)[\w.]*)' has no attribute '(\w+)'", message)
+        if target:
+            try:
+                importlib.import_module(f"{target.group(1)}.{target.group(2)}")
+            except Exception as error:
+                message += f" (importing it: {type(error).__name__}: {error})"
+            except BaseException:
+                pass
+        if "object is not subscriptable" in message and "triton" in str(report.longrepr):
+            message += " (a triton kernel launched as kernel[grid]: triton is a placeholder here)"
+        return message[:2000]
 
     def pytest_collectreport(report):
         if report.failed:
@@ -194,9 +209,11 @@ def _hf_cache(home):
 
 MISSING_NAME = re.compile(r"(?:module|object|<module) '?(torch_npu[\w.]*|torch\.npu|torch\.ops\.npu)'?"
                           r"(?: from '[^']*'>)? (?:has no attribute|does not have the attribute) '(\w+)'")
+MISSING_MODULE = re.compile(r"No module named '(torch_npu\.[\w.]+)'")
 OUTSIDE = [   # (pattern, what it is) for failures that come from outside this project
     (re.compile(r"vllm_ascend_C|_C_ascend|torch\.ops\._C_ascend"), "vllm-ascend's compiled kernels (vllm_ascend_C: CANN)"),
     (re.compile(r"triton", re.I), "triton-ascend"),
+    (re.compile(r"No module named '(numba|decorator|quart|pandas|arctic_inference)'"), "a vllm-ascend dependency not installed"),
     (re.compile(r"\bacl\b|libascend|CANN|ascend_toolkit|ASCEND_HOME", re.I), "CANN"),
     (re.compile(r"memfabric|memcache|mooncake|arctic", re.I), "a vllm-ascend dependency outside this project"),
 ]
@@ -204,13 +221,17 @@ OUTSIDE = [   # (pattern, what it is) for failures that come from outside this p
 
 def blocker(message):
     """What a failure message says stops the test: 'torch_npu: <name>', an outside component, or the message."""
-    names = MISSING_NAME.findall(message)
+    names = [f"{module}.{name}" for module, name in MISSING_NAME.findall(message)] + MISSING_MODULE.findall(message)
     if names:
-        return ", ".join(f"missing {module}.{name}" for module, name in names)
+        return ", ".join(f"missing {name}" for name in dict.fromkeys(names))
     for pattern, what in OUTSIDE:
         if pattern.search(message):
             return what
-    return message.strip().splitlines()[0][:160] if message.strip() else "no message"
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return "no message"
+    # pydantic and similar put the reason on the second line ("1 validation error for X" / "Value error, ...")
+    return (lines[0] + (" " + lines[1] if len(lines) > 1 and re.search(r"\d+ validation errors? for", lines[0]) else ""))[:240]
 
 
 def summarise(files, raw, stderr):
@@ -305,4 +326,10 @@ def test_blocker_names_what_stops_a_test():
         "vllm-ascend's compiled kernels (vllm_ascend_C: CANN)"
     assert blocker("RuntimeError: '_C_ascend::npu_lightning_indexer' not found") == \
         "vllm-ascend's compiled kernels (vllm_ascend_C: CANN)"
+    assert blocker("AttributeError: module 'vllm_ascend.worker' has no attribute 'worker' (importing it: "
+                   "ModuleNotFoundError: No module named 'torch_npu.op_plugin')") == "missing torch_npu.op_plugin"
+    assert blocker("TypeError: 'function' object is not subscriptable (a triton kernel launched as kernel[grid]: "
+                   "triton is a placeholder here)") == "triton-ascend"
     assert blocker("ValueError: shapes differ") == "ValueError: shapes differ"
+    assert blocker("ValidationError: 1 validation error for ModelConfig\n  Value error, no config") == \
+        "ValidationError: 1 validation error for ModelConfig Value error, no config"
