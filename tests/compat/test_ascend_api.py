@@ -68,3 +68,10 @@ def test_is_hccl_available_as_the_ascend_adapter_adds_it():
 
     assert is_hccl_available() is True and dist.is_hccl_available is torch_npu.distributed.is_hccl_available
     assert "hccl" in dist.Backend.backend_list
+
+
+def test_process_group_hccl_from_the_extensions_c10d_module():
+    from torch_npu._C._distributed_c10d import ProcessGroupHCCL   # vllm-ascend imports it so
+
+    assert ProcessGroupHCCL is torch_npu.distributed.ProcessGroupHCCL
+    assert isinstance(torch_npu._C._distributed_c10d.ProcessGroupHCCL.Options(), ProcessGroupHCCL.Options)
