@@ -36,6 +36,9 @@ $(VENV)/.deps: Makefile
 
 # Real clients built for the Ascend adapter, whose tests run against the npu. Each is
 # optional: one that cannot be installed here is reported, and its tests skip saying so.
+# VLLM_ASCEND_GIT may name a local clone or mirror where GitHub cannot be reached.
+VLLM_ASCEND_GIT ?= https://github.com/vllm-project/vllm-ascend.git
+VLLM_ASCEND_COMMIT := 182b75ea84ff13ece27b57391331ef8935410aea
 $(VENV)/.clients: $(VENV)/.deps
 	DS_BUILD_OPS=0 $(PIP) install -q -c $(VENV)/constraints.txt deepspeed \
 	  || echo "note: deepspeed could not be installed; tests/distributed/test_deepspeed.py skips"
@@ -47,6 +50,26 @@ $(VENV)/.clients: $(VENV)/.deps
 	  || echo "note: diffusers could not be installed; tests/compat/test_diffusers.py skips"
 	$(PIP) install -q -c $(VENV)/constraints.txt trl==1.16.0 \
 	  || echo "note: trl could not be installed; tests/compat/test_trl.py skips"
+	# vLLM 0.27.1 from its source package as vllm-ascend's CPU CI installs it (VLLM_TARGET_DEVICE=empty:
+	# pure Python), its build tools first and without build isolation (which would fetch a CUDA torch).
+	$(PIP) install -q -c $(VENV)/constraints.txt "cmake>=3.26.1" "setuptools-scm>=8" "setuptools-rust>=1.9.0" \
+	  && VLLM_TARGET_DEVICE=empty $(PIP) install -q --no-build-isolation --no-binary vllm -c $(VENV)/constraints.txt \
+	    vllm==0.27.1 \
+	  || echo "note: vLLM 0.27.1 could not be installed; tests/compat/test_vllm_ascend.py skips"
+	# vLLM imports torchvision; only a CPU build loads beside the CPU torch (PyPI's needs CUDA's libraries).
+	$(PIP) install --isolated -q --no-deps --retries 1 --timeout 20 --index-url https://download.pytorch.org/whl/cpu \
+	    torchvision==0.28.0+cpu \
+	  || echo "note: no CPU torchvision 0.28.0 (download.pytorch.org unreachable); test_vllm_ascend.py gives vLLM a stand-in"
+	# vllm-ascend at the commit whose CI targets vLLM 0.27.1, its source (with the A2 device tests) in
+	# build/vllm-ascend; installed without its dependencies (they pin another torch) and compiled kernels (CANN).
+	rm -rf build/vllm-ascend && mkdir -p build/vllm-ascend && git -C build/vllm-ascend init -q \
+	  && git -C build/vllm-ascend fetch -q --depth 1 $(VLLM_ASCEND_GIT) $(VLLM_ASCEND_COMMIT) \
+	  && git -C build/vllm-ascend checkout -q FETCH_HEAD \
+	  && COMPILE_CUSTOM_KERNELS=0 SOC_VERSION=ascend910b2 $(PIP) install -q --no-deps --no-build-isolation \
+	    -c $(VENV)/constraints.txt ./build/vllm-ascend \
+	  || echo "note: vllm-ascend could not be fetched from $(VLLM_ASCEND_GIT) or installed; test_vllm_ascend.py skips"
+	$(PIP) install -q -c $(VENV)/constraints.txt numba \
+	  || echo "note: numba (a dependency of vllm-ascend's model runner) could not be installed; its tests fail"
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.deps setup.py pyproject.toml | system-deps

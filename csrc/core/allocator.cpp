@@ -27,6 +27,7 @@
 
 #include "device.h"
 #include "stream.h"
+#include "usage_board.h"
 
 namespace npu {
 
@@ -632,6 +633,7 @@ class DeviceCache {
     stats_.num_device_alloc++;
     updateStat(stats_.segment, small, 1);
     updateStat(stats_.reserved_bytes, small, static_cast<int64_t>(size));
+    publishReserved();
     const bool oversize = size >= g_settings.max_split_size;
     if (oversize) stats_.oversize_segments.increase(1);
     if (pool != nullptr) {
@@ -656,6 +658,7 @@ class DeviceCache {
     stats_.num_device_free++;
     updateStat(stats_.segment, block->small, -1);
     updateStat(stats_.reserved_bytes, block->small, -static_cast<int64_t>(block->size));
+    publishReserved();
     if (record != segments_.end() && record->second.oversize) stats_.oversize_segments.decrease(1);
     if (block->pool != nullptr) {
       block->pool->segments--;
@@ -931,6 +934,7 @@ class DeviceCache {
     if (segment->mapped == 0) updateStat(stats_.segment, false, 1);
     segment->mapped += size;
     updateStat(stats_.reserved_bytes, false, static_cast<int64_t>(size));
+    publishReserved();
     stats_.num_device_alloc++;
     trace(TraceEntry::SEGMENT_MAP, reinterpret_cast<std::size_t>(m->ptr), size, segment->stream, {0, 0}, context);
     return m;
@@ -1046,9 +1050,15 @@ class DeviceCache {
     segment->mapped -= size;
     if (segment->mapped == 0) updateStat(stats_.segment, false, -1);
     updateStat(stats_.reserved_bytes, false, -static_cast<int64_t>(size));
+    publishReserved();
     stats_.num_device_free++;
     trace(TraceEntry::SEGMENT_UNMAP, reinterpret_cast<std::size_t>(lo), size, segment->stream, {0, 0}, nullptr);
     return size;
+  }
+
+  // npu-smi's view of this process (core/usage_board.h): after every change of reserved bytes.
+  void publishReserved() {
+    usage_board::reservedChanged(device_, static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current));
   }
 
   const c10::DeviceIndex device_;

@@ -60,3 +60,18 @@ def test_cann_version_comes_from_an_installed_toolkit(tmp_path, monkeypatch):
     info.write_text('package_name=Ascend-cann-toolkit\nversion=8.0.RC3\ninnerversion=V100R001C19\n')
     assert get_cann_version() == "8.0.RC3" == torch_npu.utils.get_cann_version()
     assert module_version("CANN") == "8.0.RC3" and module_version("DRIVER") == ""
+
+
+def test_is_hccl_available_as_the_ascend_adapter_adds_it():
+    import torch.distributed as dist
+    from torch.distributed import is_hccl_available   # vllm-ascend imports it so
+
+    assert is_hccl_available() is True and dist.is_hccl_available is torch_npu.distributed.is_hccl_available
+    assert "hccl" in dist.Backend.backend_list
+
+
+def test_process_group_hccl_from_the_extensions_c10d_module():
+    from torch_npu._C._distributed_c10d import ProcessGroupHCCL   # vllm-ascend imports it so
+
+    assert ProcessGroupHCCL is torch_npu.distributed.ProcessGroupHCCL
+    assert isinstance(torch_npu._C._distributed_c10d.ProcessGroupHCCL.Options(), ProcessGroupHCCL.Options)

@@ -242,7 +242,7 @@ DEFAULT_PATH = {
     "host_execution": 1,    # the CPU allocator wrapper _C installs as it loads
     "profiler": 8,          # use_device="npu" through Kineto (1), the chip projections (7)
     "comm": 6,              # torch.nn.parallel.comm for npu tensors (nn.DataParallel)
-    "distributed": 1,       # c10d's default-backend marking
+    "distributed": 2,       # c10d's default-backend marking, the Ascend adapter's is_hccl_available
     "multiprocessing": 6,   # torch.multiprocessing's reducers
     "autograd": 1,          # the exit drain's use of the engine
 }

@@ -119,6 +119,12 @@ def _default_to_the_npu_backend():
                          "backend would warn at teardown that it has none")
 
 
+def is_hccl_available() -> bool:
+    """torch.distributed.is_hccl_available(), as the Ascend adapter adds it: whether the "hccl"
+    backend can be used (here: registered, over Gloo)."""
+    return dist.is_available() and BACKEND in dist.Backend.backend_list
+
+
 def _register():
     if not (dist.is_available() and dist.is_gloo_available()):
         return
@@ -128,6 +134,17 @@ def _register():
     for name in (BACKEND, ALIAS):
         if name not in dist.Backend.backend_list:
             dist.Backend.register_backend(name, _creator(name), devices=["cpu", "npu"])
+    # The Ascend adapter's c10d submodule of its extension: vllm-ascend imports ProcessGroupHCCL from it.
+    if not hasattr(_C, "_distributed_c10d"):
+        c10d = types.ModuleType("torch_npu._C._distributed_c10d", "The Ascend adapter's c10d names: ProcessGroupHCCL.")
+        c10d.ProcessGroupHCCL = ProcessGroupHCCL
+        _C._distributed_c10d = c10d
+        sys.modules[c10d.__name__] = c10d
+    if getattr(dist, "is_hccl_available", None) is not is_hccl_available:
+        _patches.patch(dist, "is_hccl_available", is_hccl_available, "distributed", checked=("2.13",),
+                       expects=_patches.ABSENT,
+                       reason="the Ascend adapter adds torch.distributed.is_hccl_available beside PyTorch's "
+                              "is_nccl_available and is_gloo_available; vllm-ascend imports it")
     _default_to_the_npu_backend()
 
 
