@@ -39,6 +39,9 @@ $(VENV)/.deps: Makefile
 # VLLM_ASCEND_GIT may name a local clone or mirror where GitHub cannot be reached.
 VLLM_ASCEND_GIT ?= https://github.com/vllm-project/vllm-ascend.git
 VLLM_ASCEND_COMMIT := 182b75ea84ff13ece27b57391331ef8935410aea
+VLLM_SDIST_URL := https://files.pythonhosted.org/packages/97/fa/a3cb3a7baf9f1f1027580b0542e42f655b0f577b8a8d39878c1c0a73e6a9/vllm-0.27.1.tar.gz
+VLLM_SDIST_SHA256 := eec2d54d137ac1e59cb4c39226dfee1943eefc8f4788f5821d7300d6acbdb646
+
 $(VENV)/.clients: $(VENV)/.deps
 	DS_BUILD_OPS=0 $(PIP) install -q -c $(VENV)/constraints.txt deepspeed \
 	  || echo "note: deepspeed could not be installed; tests/distributed/test_deepspeed.py skips"
@@ -52,9 +55,13 @@ $(VENV)/.clients: $(VENV)/.deps
 	  || echo "note: trl could not be installed; tests/compat/test_trl.py skips"
 	# vLLM 0.27.1 from its source package as vllm-ascend's CPU CI installs it (VLLM_TARGET_DEVICE=empty:
 	# pure Python), its build tools first and without build isolation (which would fetch a CUDA torch).
-	$(PIP) install -q -c $(VENV)/constraints.txt "cmake>=3.26.1" "setuptools-scm>=8" "setuptools-rust>=1.9.0" \
-	  && VLLM_TARGET_DEVICE=empty $(PIP) install -q --no-build-isolation --no-binary vllm -c $(VENV)/constraints.txt \
-	    vllm==0.27.1 \
+	# The sdist file itself, checked: pip refuses `vllm==0.27.1` from the index because the empty
+	# target's metadata says 0.27.1+empty.
+	mkdir -p build && curl -fsSL --retry 2 -o build/vllm-0.27.1.tar.gz $(VLLM_SDIST_URL) \
+	  && echo "$(VLLM_SDIST_SHA256)  build/vllm-0.27.1.tar.gz" | sha256sum -c --quiet \
+	  && $(PIP) install -q -c $(VENV)/constraints.txt "cmake>=3.26.1" "setuptools-scm>=8" "setuptools-rust>=1.9.0" \
+	  && VLLM_TARGET_DEVICE=empty $(PIP) install -q --no-build-isolation -c $(VENV)/constraints.txt \
+	    ./build/vllm-0.27.1.tar.gz \
 	  || echo "note: vLLM 0.27.1 could not be installed; tests/compat/test_vllm_ascend.py skips"
 	# vLLM imports torchvision; only a CPU build loads beside the CPU torch (PyPI's needs CUDA's libraries).
 	$(PIP) install --isolated -q --no-deps --retries 1 --timeout 20 --index-url https://download.pytorch.org/whl/cpu \
