@@ -386,20 +386,21 @@ def test_paged_attention_matches_sdpa(device, dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_paged_attention_transposed_block_table(device):
-    # a dense non-contiguous table (the transpose of a (max_blocks, T) int32 tensor): its rows are read
+    # a dense non-contiguous table (the transpose of a (max_blocks, T) int32 tensor), -1 past each row's
+    # blocks: its rows are read (not its memory in order, which puts -1 among row 2's blocks)
     torch.manual_seed(7)
     T, H, KVH, D, blocks, bs = 3, 2, 1, 8, 10, 4
     q = torch.randn(T, H, D)
     kc, vc = torch.randn(blocks, bs, KVH, D), torch.randn(blocks, bs, KVH, D)
-    table = torch.tensor([[3, 0, 9], [7, 5, 2], [1, 8, 6]], dtype=torch.int32).t()  # stride (1, 3)
-    assert not table.is_contiguous()
-    lens = torch.tensor([10, 6, 12], dtype=torch.int32)
+    table = torch.tensor([[3, 7, -1], [0, -1, -1], [9, 2, 5]], dtype=torch.int32).t().contiguous().t()
+    assert table.stride() == (1, 3)
+    lens = torch.tensor([6, 2, 12], dtype=torch.int32)
     out = torch.empty(T, H, D).to(device)
     scale = 1 / math.sqrt(D)
     torch_npu._npu_paged_attention(q.to(device), kc.to(device), vc.to(device), KVH, H, scale,
                                    table.to(device), lens, out)
     for i in range(T):
-        ids = table[i].long()
+        ids = table[i, :(int(lens[i]) + bs - 1) // bs].long()
         k = kc[ids].reshape(-1, KVH, D)[:lens[i]].transpose(0, 1).repeat_interleave(H // KVH, 0)
         v = vc[ids].reshape(-1, KVH, D)[:lens[i]].transpose(0, 1).repeat_interleave(H // KVH, 0)
         ref = F.scaled_dot_product_attention(q[i].unsqueeze(1), k, v, scale=scale).squeeze(1)
