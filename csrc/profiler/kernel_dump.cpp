@@ -201,6 +201,12 @@ void putDims(std::string& out, uint32_t tag, const std::vector<int64_t>& dims) {
 
 std::vector<int64_t> dimsOf(const Slot& s) {
   if (aclDataType(s.dtype) == 4 && s.dtype != at::kByte) return {static_cast<int64_t>(s.data.nbytes())};
+  if (s.dtype == at::kFloat4_e2m1fn_x2) {
+    // ACL counts float4 elements; torch's x2 dtype counts bytes of two: the last dim doubles
+    std::vector<int64_t> dims = s.shape.empty() ? std::vector<int64_t>{1} : s.shape;
+    dims.back() *= 2;
+    return dims;
+  }
   return s.shape;
 }
 
@@ -305,21 +311,25 @@ bool wantInputs() {
   return s.config.inputs;
 }
 
+// Whether a kernel launched now on `device` goes into a graph: this thread's current stream of that
+// device is capturing (work queued there would be recorded and dump at every replay). A capture on
+// another thread, stream or device leaves this launch dumped. Warns once when it skips.
+bool capturedOn(c10::DeviceIndex device) {
+  if (!graph::anyCapture() || device < 0 || !graph::currentStreamCapturing(device)) return false;
+  auto& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.warned_capture) {
+    s.warned_capture = true;
+    TORCH_WARN("torch_npu.npu.set_dump: kernels launched while an npu graph is being captured are not dumped");
+  }
+  return true;
+}
+
 std::unique_ptr<at::ObserverContext> onEnter(const at::RecordFunction& fn) {
   if (t_depth > 0) return nullptr;
   try {
     const auto name = fn.operator_name();
     if (!name || !isKernelOp(*name)) return nullptr;
-    if (graph::anyCapture()) {
-      // Work queued now would be recorded into the graph and dump at every replay.
-      auto& s = state();
-      std::lock_guard<std::mutex> lock(s.mu);
-      if (!s.warned_capture) {
-        s.warned_capture = true;
-        TORCH_WARN("torch_npu.npu.set_dump: kernels launched while an npu graph is being captured are not dumped");
-      }
-      return nullptr;
-    }
     auto ctx = std::make_unique<Context>();
     ctx->record = std::make_shared<Record>();
     auto& record = *ctx->record;
@@ -336,6 +346,7 @@ std::unique_ptr<at::ObserverContext> onEnter(const at::RecordFunction& fn) {
         any_npu = true;
       }
     });
+    if (any_npu && capturedOn(record.device)) return nullptr;
     // An op on npu tensors: its inputs as the kernel will read them, in stream order. Without npu
     // inputs (a CPU op, or a copy to the npu), they are read at its return, if its outputs are npu's.
     if (any_npu && wantInputs()) {
@@ -387,6 +398,7 @@ void onExit(const at::RecordFunction& fn, at::ObserverContext* raw) {
     c10::DeviceIndex device = record->device;
     auto pending = collect(written, record->outputs, device);
     if (device < 0) return;  // no npu tensor: not a kernel of the npu
+    if (capturedOn(device)) return;
     if (record->device < 0) record->device = device;
     if (!ctx->inputs_taken && wantInputs()) {
       c10::DeviceIndex unused = device;

@@ -420,6 +420,44 @@ def test_unhonoured_options_warn_once_saying_what_they_do_on_the_chip():
     assert any("debug.aclgraph.clone_input = False" in m and "aclgraph modes" in m for m in messages), messages
 
 
+@pytest.mark.parametrize("backend, option, value", [
+    ("npugraph_ex", "input_inplace_pass", False), ("npugraph_ex", "remove_cat_ops", False),
+    ("torchair", "debug.aclgraph.disable_reinplace_input_mutated_ops_pass", True),
+    ("torchair", "debug.aclgraph.remove_cat_ops", False)])
+def test_rewrites_never_done_here_warn_when_switched(backend, option, value):
+    # read by nothing here: not listed as honoured, so a non-default value warns saying so
+    nfx._warned.discard(option)
+    torch._dynamo.reset()
+    if backend == "npugraph_ex":
+        run = lambda: _compile_and_run("npugraph_ex", options={option: value})  # noqa: E731
+    else:
+        config = torchair.CompilerConfig()
+        config.mode = "npugraph_ex"
+        node = config
+        *parents, leaf = option.split(".")
+        for part in parents:
+            node = getattr(node, part)
+        setattr(node, leaf, value)
+        run = lambda: _compile_and_run(torchair.get_npu_backend(compiler_config=config))  # noqa: E731
+    with pytest.warns(UserWarning, match=rf"{option} = {value} .*not honoured.*never does this rewrite"):
+        run()
+
+
+def test_torch_compile_options_do_not_leak_into_the_callers_config():
+    config = npugraph_ex.CompilerConfig()
+    backend = nfx.get_npu_backend(compiler_config=config)
+    torch._dynamo.reset()
+    g = torch.compile(lambda x: x * 2, backend=backend, options={"force_eager": True, "capture_limit": 3})
+    torch.testing.assert_close(g(torch.ones(3, device="npu")).cpu(), torch.full((3,), 2.0))
+    assert not bool(config.force_eager) and config.capture_limit.value != 3   # the caller's config untouched
+    tconfig = torchair.CompilerConfig()
+    torch._dynamo.reset()
+    g = torch.compile(lambda x: x + 1, backend=torchair.get_npu_backend(compiler_config=tconfig),
+                      options={"force_eager": True})
+    torch.testing.assert_close(g(torch.ones(3, device="npu")).cpu(), torch.full((3,), 2.0))
+    assert not bool(tconfig.debug.run_eagerly)
+
+
 def test_honoured_options_do_not_warn_and_every_option_is_classified():
     for config, modes in ((torchair.CompilerConfig(), ("max-autotune", "aclgraph")),
                           (npugraph_ex.CompilerConfig(), ("npugraph_ex_config",))):

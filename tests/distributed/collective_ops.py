@@ -235,6 +235,17 @@ raises("shared expert ranks", lambda: torch_npu.npu_moe_distribute_dispatch(
     x1, torch.zeros(2, 1, dtype=torch.int32, device=device), hcom, world, rank, world, shared_expert_rank_num=1),
     "shared_expert_rank_num=1", "shared_expert_x")
 
+# a bad input on one rank only: every rank raises (none is left waiting in the row exchange)
+bad_ids = torch.zeros(2, 1, dtype=torch.int32)
+if rank == 0:
+    bad_ids[1, 0] = E + 5
+raises("a bad expert id on one rank", lambda: torch_npu.npu_moe_distribute_dispatch(
+    x1, bad_ids.to(device), hcom, world, rank, E),
+    "npu::npu_moe_distribute_dispatch",
+    *(("is not an expert", "every rank of group_ep raises") if rank == 0 else ("another rank of group_ep",)))
+# and the group still works afterwards: a good dispatch on every rank
+round_trip("dispatch/combine after a rank's error")
+
 dist.barrier()
 print(f"rank {rank} done", flush=True)
 dist.destroy_process_group()

@@ -19,7 +19,7 @@ CHECKS = ["all_gather_base_mm", "mm_reduce_scatter_base", "dispatch/combine", "d
           "dispatch/combine with a shared expert", "dispatch/combine with x_active_mask",
           "dispatch/combine with different BS per rank", "quantized dispatch/combine", "an unknown group name",
           "a wrong world_size", "a k mismatch", "a wrong ep_rank_id", "an ep size that does not divide the experts",
-          "shared expert ranks"]
+          "shared expert ranks", "a bad expert id on one rank", "dispatch/combine after a rank's error"]
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -94,6 +94,26 @@ def test_w8a16_requantized_int8_output():
     assert (y.cpu().float() - ref).abs().max() <= 1
 
 
+def test_w8a16_requantized_int64_scale_carries_its_offset():
+    # npu_trans_quant_param(scale, offset) packs the offset into the int64 scale: it must apply
+    torch.manual_seed(3)
+    x, w = torch.randn(4, 32).half(), torch.randint(-128, 128, (32, 8), dtype=torch.int8)
+    scale = torch.full((8,), 0.01).half()
+    qs, qo = torch.rand(8) * 0.5 + 0.1, torch.randint(-20, 20, (8,)).float()
+    packed = torch_npu.npu_trans_quant_param(qs.npu(), qo.npu())
+    assert packed.dtype == torch.int64
+    y = torch_npu.npu_weight_quant_batchmatmul(x.npu(), w.npu(), scale.npu(), quant_scale=packed)
+    # the reference: the scale cut to FP19 as the packing does, the offset as given
+    qs19 = (qs.view(torch.int32) & -8192).view(torch.float32)
+    ref = (wqbmm_ref(x, w, scale).float() * qs19 + qo).round().clamp(-128, 127)
+    assert (y.cpu().float() - ref).abs().max() <= 1
+    assert (y.cpu().float() - (wqbmm_ref(x, w, scale).float() * qs19).round().clamp(-128, 127)).abs().max() > 1
+    # an antiquant_scale with an offset packed in: refused by name
+    with pytest.raises(RuntimeError, match=r"npu_weight_quant_batchmatmul .*antiquant_scale carries an offset"):
+        torch_npu.npu_weight_quant_batchmatmul(x.npu(), w.npu(), torch_npu.npu_trans_quant_param(
+            scale.float().npu(), qo.npu()), antiquant_offset=torch.zeros(8, dtype=torch.int32).npu())
+
+
 def test_w8a16_errors():
     x, s = torch.randn(4, 32).half().npu(), torch.ones(8).half().npu()
     w = torch.randint(-8, 8, (32, 8), dtype=torch.int8).npu()
@@ -362,6 +382,29 @@ def test_paged_attention_matches_sdpa(device, dtype):
     assert ws.dtype == torch.uint8
     torch_npu._npu_paged_attention(q.to(device), kc.to(device), vc.to(device), KVH, H, scale, table.to(device),
                                    lens.to(device), out, workspace=ws)  # context_lens on the device too
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_paged_attention_transposed_block_table(device):
+    # a dense non-contiguous table (the transpose of a (max_blocks, T) int32 tensor), -1 past each row's
+    # blocks: its rows are read (not its memory in order, which puts -1 among row 2's blocks)
+    torch.manual_seed(7)
+    T, H, KVH, D, blocks, bs = 3, 2, 1, 8, 10, 4
+    q = torch.randn(T, H, D)
+    kc, vc = torch.randn(blocks, bs, KVH, D), torch.randn(blocks, bs, KVH, D)
+    table = torch.tensor([[3, 7, -1], [0, -1, -1], [9, 2, 5]], dtype=torch.int32).t().contiguous().t()
+    assert table.stride() == (1, 3)
+    lens = torch.tensor([6, 2, 12], dtype=torch.int32)
+    out = torch.empty(T, H, D).to(device)
+    scale = 1 / math.sqrt(D)
+    torch_npu._npu_paged_attention(q.to(device), kc.to(device), vc.to(device), KVH, H, scale,
+                                   table.to(device), lens, out)
+    for i in range(T):
+        ids = table[i, :(int(lens[i]) + bs - 1) // bs].long()
+        k = kc[ids].reshape(-1, KVH, D)[:lens[i]].transpose(0, 1).repeat_interleave(H // KVH, 0)
+        v = vc[ids].reshape(-1, KVH, D)[:lens[i]].transpose(0, 1).repeat_interleave(H // KVH, 0)
+        ref = F.scaled_dot_product_attention(q[i].unsqueeze(1), k, v, scale=scale).squeeze(1)
+        close(out[i], ref, torch.float32)
 
 
 def test_paged_attention_errors():

@@ -494,6 +494,20 @@ def test_transpose_batchmatmul_split_factor_quantized_and_compiled():
     torch.testing.assert_close(compiled(x1, x2), torch_npu.npu_transpose_batchmatmul(x1, x2))
 
 
+def test_transpose_batchmatmul_int64_scale_carries_its_offset():
+    # npu_trans_quant_param(scale, offset) packs the offset into bits 37..45: it applies before rounding
+    torch.manual_seed(1)
+    x1, x2 = torch.randn(2, 3, 16, device="npu"), torch.randn(2, 16, 16, device="npu") / 4
+    y = transpose_bmm_ref(x1.cpu(), x2.cpu())  # [3, 2, 16]
+    scales, offsets = torch.rand(32) * 4 + 1, torch.randint(-30, 30, (32,)).float()
+    packed = torch_npu.npu_trans_quant_param(scales.npu(), offsets.npu())
+    truncated = (packed.cpu() & 0xFFFFFFFF).int().view(torch.float32)
+    quantized = torch_npu.npu_transpose_batchmatmul(x1, x2, scale=packed)
+    expected = torch.round(y.reshape(3, 1, 32) * truncated + offsets).clamp(-128, 127)
+    assert (quantized.cpu().float() - expected).abs().max() <= 1
+    assert (quantized.cpu().float() == expected).float().mean() > 0.95
+
+
 def test_transpose_batchmatmul_errors():
     x1, x2 = torch.randn(4, 5, 64, device="npu"), torch.randn(4, 64, 32, device="npu")
     tbmm = torch_npu.npu_transpose_batchmatmul

@@ -33,11 +33,13 @@ def _config(tmp_path, **dump):
 
 
 _ACL_TO_TORCH = {0: torch.float32, 1: torch.float16, 2: torch.int8, 3: torch.int32, 4: torch.uint8, 6: torch.int16,
-                 9: torch.int64, 11: torch.float64, 12: torch.bool, 27: torch.bfloat16}
+                 9: torch.int64, 11: torch.float64, 12: torch.bool, 27: torch.bfloat16, 37: torch.float8_e8m0fnu,
+                 40: torch.float4_e2m1fn_x2}
 
 
-def read_dump(path):
-    """The file, read by this test's own reader of the format: (inputs, outputs) as cpu tensors."""
+def read_dump(path, descriptors=None):
+    """The file, read by this test's own reader of the format: (inputs, outputs) as cpu tensors;
+    `descriptors` (a list) gets each section's (acl dtype, bytes, dims)."""
     raw = open(path, "rb").read()
     (header_len,) = struct.unpack_from("<Q", raw, 0)
     pos = 8
@@ -68,6 +70,8 @@ def read_dump(path):
                 dims = dims or d
             descs.append((dtype, size, dims))
         sections.append(descs)
+    if descriptors is not None:
+        descriptors.extend(sections)
     assert pos == 8 + header_len
     tensors = []
     for descs in sections:
@@ -75,6 +79,8 @@ def read_dump(path):
         for dtype, size, dims in descs:
             data = bytearray(raw[pos:pos + size])
             pos += size
+            if dtype == 40:   # ACL counts float4 elements: two a byte of torch's x2 dtype
+                dims = dims[:-1] + [dims[-1] // 2]
             values.append(torch.frombuffer(data, dtype=_ACL_TO_TORCH[dtype]).reshape(dims) if size else
                           torch.empty(dims, dtype=_ACL_TO_TORCH[dtype]))
         tensors.append(values)
@@ -207,6 +213,61 @@ def test_graph_capture_is_not_dumped(tmp_path):
     names = [os.path.basename(p).split(".")[0] for p in dumped_files(str(tmp_path / "dump"))]
     assert names == ["add"], names
     torch.testing.assert_close(z.cpu(), x.cpu() * 2 + 1)
+
+
+def test_capture_on_another_thread_leaves_this_threads_kernels_dumped(tmp_path):
+    import threading
+    x = torch.randn(8, device="npu")
+    y = x * 2                                   # warm up outside the capture
+    graph = torch.npu.NPUGraph()
+    capturing, release = threading.Event(), threading.Event()
+    errors = []
+
+    def capture():
+        try:
+            with torch.npu.graph(graph, capture_error_mode="thread_local"):
+                x * 2                           # captured: not dumped
+                capturing.set()
+                release.wait(30)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+            capturing.set()
+
+    torch_npu.npu.init_dump()
+    torch_npu.npu.set_dump(_config(tmp_path))
+    try:
+        thread = threading.Thread(target=capture)
+        thread.start()
+        assert capturing.wait(30)
+        z = x + 1                               # this thread's stream is not capturing: dumped
+        release.set()
+        thread.join(30)
+    finally:
+        release.set()
+        torch_npu.npu.finalize_dump()
+    assert not errors, errors
+    names = [os.path.basename(p).split(".")[0] for p in dumped_files(str(tmp_path / "dump"))]
+    assert names == ["add"], names
+    torch.testing.assert_close(z.cpu(), x.cpu() + 1)
+
+
+def test_float4_dims_count_elements(tmp_path):
+    # ACL_FLOAT4_E2M1 (40) counts float4 values: torch's (r, c) float4_e2m1fn_x2 is (r, 2c) in the file
+    x = torch.randn(4, 64).half().npu()
+    torch_npu.npu.init_dump()
+    torch_npu.npu.set_dump(_config(tmp_path))
+    try:
+        y, s = torch_npu.npu_dynamic_mx_quant(x, dst_type=torch.float4_e2m1fn_x2)
+    finally:
+        torch_npu.npu.finalize_dump()
+    assert y.shape == (4, 32)
+    files = [f for f in dumped_files(str(tmp_path / "dump")) if os.path.basename(f).startswith("npu_dynamic_mx")]
+    assert len(files) == 1, files
+    descs = []
+    _ins, outs = read_dump(files[0], descs)
+    dtype, size, dims = descs[1][0]
+    assert dtype == 40 and dims == [4, 64] and size == 4 * 32
+    assert torch.equal(outs[0].view(torch.uint8), y.cpu().view(torch.uint8))
 
 
 # --- a training step of a tiny model; msprobe's own readers -----------------------------------------------------------

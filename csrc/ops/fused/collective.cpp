@@ -83,7 +83,6 @@ void checkDevice(const char* op, const Tensor& ref, std::initializer_list<std::p
   }
 }
 
-Tensor valueOr(const OptTensor& t) { return t.has_value() ? *t : Tensor(); }
 
 // ---- the matmul ops ----------------------------------------------------------------------
 
@@ -357,17 +356,31 @@ DispatchResult dispatch(const char* op, bool v2, const Tensor& x, const Tensor& 
   }
   std::vector<int64_t> per_expert(a.experts, 0);
   std::vector<int32_t> idx(a.bs * a.k, -1);
-  for (int64_t t = 0; t < a.bs; ++t) {
-    for (int64_t j = 0; j < a.k; ++j) {
+  // A rank's bad input must not raise on that rank alone: its peers would wait in the exchanges
+  // below until the group's timeout. The error is kept, the counts exchange runs (with no rows
+  // from this rank), and the ranks agree (a max all-reduce) before any rows move: every rank raises.
+  std::string error;
+  for (int64_t t = 0; t < a.bs && error.empty(); ++t) {
+    for (int64_t j = 0; j < a.k && error.empty(); ++j) {
       const int32_t g = id[t * a.k + j];
-      NPU_OP_CHECK(g >= 0 && g < a.experts, op, a.dev, "expert_ids[", t, ", ", j, "] = ", g,
-                   " is not an expert: the values must be in [0, moe_expert_num=", a.experts, ")");
-      for (int64_t i = 0; i < j; ++i) {
-        NPU_OP_CHECK(id[t * a.k + i] != g, op, a.dev, "expert_ids row ", t, " names expert ", g,
-                     " twice: a token's K experts must differ (top-k gives distinct ones)");
+      if (g < 0 || g >= a.experts) {
+        error = c10::str("expert_ids[", t, ", ", j, "] = ", g,
+                         " is not an expert: the values must be in [0, moe_expert_num=", a.experts, ")");
+        break;
       }
-      if (active[t]) idx[t * a.k + j] = static_cast<int32_t>(per_expert[g]++);
+      for (int64_t i = 0; i < j; ++i) {
+        if (id[t * a.k + i] == g) {
+          error = c10::str("expert_ids row ", t, " names expert ", g,
+                           " twice: a token's K experts must differ (top-k gives distinct ones)");
+          break;
+        }
+      }
+      if (error.empty() && active[t]) idx[t * a.k + j] = static_cast<int32_t>(per_expert[g]++);
     }
+  }
+  if (!error.empty()) {
+    std::fill(per_expert.begin(), per_expert.end(), 0);
+    std::fill(idx.begin(), idx.end(), -1);
   }
   std::vector<int64_t> first(a.experts + 1, 0);  // where each expert's rows start in the send order
   for (int64_t g = 0; g < a.experts; ++g) first[g + 1] = first[g] + per_expert[g];
@@ -393,9 +406,21 @@ DispatchResult dispatch(const char* op, bool v2, const Tensor& x, const Tensor& 
     for (int64_t e = 0; e < a.local; ++e) recv_splits[s] += rc[s * a.local + e];
     received += recv_splits[s];
   }
-  NPU_OP_CHECK(received <= a.rows, op, a.dev, "this rank receives ", received, " rows but expand_x has A = ", a.rows,
-               " (from global_bs and the ranks' BS); when the ranks have different BS pass global_bs = max_bs * "
-               "ep_world_size");
+  if (error.empty() && received > a.rows) {
+    error = c10::str("this rank receives ", received, " rows but expand_x has A = ", a.rows,
+                     " (from global_bs and the ranks' BS); when the ranks have different BS pass global_bs = max_bs * "
+                     "ep_world_size");
+  }
+  // The ranks agree before the rows move: a rank whose input failed raises with its reason, the others
+  // with the news, and none is left waiting in the row exchange.
+  std::vector<Tensor> flag = {at::full({1}, error.empty() ? 0 : 1, at::TensorOptions(at::kLong))};
+  c10d::AllreduceOptions max_opts;
+  max_opts.reduceOp = c10d::ReduceOp::MAX;
+  wait(group->allreduce(flag, max_opts));
+  NPU_OP_CHECK(error.empty(), op, a.dev, error, " (every rank of group_ep raises with this rank)");
+  NPU_OP_CHECK(flag[0].item<int64_t>() == 0, op, a.dev,
+               "another rank of group_ep rejected its input (its error names the cause); every rank raises so "
+               "that none waits in the row exchange");
 
   // The rows, and beside them (float32) the router's weight and the quantization scale.
   const auto dev_opts = x.options();

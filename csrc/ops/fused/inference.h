@@ -17,12 +17,13 @@
 #include <tuple>
 #include <vector>
 
+#include "common.h"  // valueOr
+
 namespace npu::ops::inference {
 
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
-inline Tensor valueOr(const OptTensor& t) { return t.has_value() ? *t : Tensor(); }
 
 // ---- checks and result shapes (inference.cpp) ---------------------------------------------
 

@@ -21,13 +21,14 @@
 #include <tuple>
 #include <vector>
 
+#include "common.h"  // valueOr
+
 namespace npu::ops::moe_quant {
 
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 using OptTensorList = std::optional<at::TensorList>;
 
-inline Tensor valueOr(const OptTensor& t) { return t.has_value() ? *t : Tensor(); }
 
 // ---- checks and result shapes (moe_quant.cpp) -----------------------------------------
 

@@ -32,6 +32,7 @@
 #include "../../fused/common.h"
 #include "../../fused/inference.h"
 #include "on_host.h"
+#include "quant_param.h"
 
 namespace npu::ops::inference {
 namespace {
@@ -46,20 +47,6 @@ auto onHostProjected(const char* op, const std::vector<Tensor>& tensors, Compute
       if (t.defined()) stack.emplace_back(t);
     return profile::workOf(handle, stack);
   });
-}
-
-// int64 scales from npu_trans_quant_param keep the float32 scale's bits in their low 32 bits.
-Tensor floatScale(const Tensor& t) {
-  if (t.scalar_type() != at::kLong) return t.to(at::kFloat);
-  const Tensor c = t.contiguous();
-  Tensor out = at::empty(c.sizes(), c.options().dtype(at::kFloat));
-  const int64_t* p = c.const_data_ptr<int64_t>();
-  float* o = out.mutable_data_ptr<float>();
-  for (const auto i : c10::irange(c.numel())) {
-    const auto bits = static_cast<uint32_t>(static_cast<uint64_t>(p[i]) & 0xFFFFFFFFu);
-    std::memcpy(&o[i], &bits, sizeof(float));
-  }
-  return out;
 }
 
 // Eight int4 values per int32 (value j in bits 4j..4j+3, npu_convert_weight_to_int4pack's layout) as float32,
@@ -159,10 +146,15 @@ Tensor weightQuantBatchmatmul(const Tensor& x, const Tensor& weight, const Tenso
     }
     // a scale or offset as a (k, n)-broadcastable float tensor
     auto expand = [&](const Tensor& t) {
-      Tensor f = floatScale(input(t));
+      Tensor f = packedScales(input(t));
       if (a.group > 0) return f.repeat_interleave(a.group, 0).narrow(0, 0, a.k);
       return f.numel() == 1 ? f.reshape({1, 1}) : f.reshape({1, a.n});
     };
+    // an int64 antiquant_scale's offset field has no meaning for the weight: refused, not dropped
+    NPU_OP_CHECK(!packedOffsets(input(antiquant_scale)).defined(), op, x.device(),
+                 "antiquant_scale carries an offset in its int64 packing (bits 37..45), which applies to int8 "
+                 "results only; pack it with npu_trans_quant_param(scale) and pass the offset as "
+                 "antiquant_offset (int32)");
     if (antiquant_offset.has_value()) w = w + expand(*antiquant_offset).to(at::kFloat);
     w = w * expand(antiquant_scale);
     if (!a.int64_scale) w = rounded(w, dt);  // the chip dequantizes the weight in x's dtype
@@ -170,9 +162,12 @@ Tensor weightQuantBatchmatmul(const Tensor& x, const Tensor& weight, const Tenso
     if (bias.has_value()) y = y + input(*bias).to(at::kFloat).reshape({1, a.n});
     if (!quant_scale.has_value()) return output(y.to(dt));
     // requantized: round(y * quant_scale + quant_offset), saturated to int8
-    const Tensor qs = floatScale(input(*quant_scale)).reshape({1, -1});
+    const Tensor qs = packedScales(input(*quant_scale)).reshape({1, -1});
     y = rounded(y, dt) * qs;
-    if (quant_offset.has_value()) y = y + input(*quant_offset).to(at::kFloat).reshape({1, -1});
+    // the offset: quant_offset, else the one an int64 quant_scale packs (npu_trans_quant_param(scale, offset))
+    const Tensor qo =
+        quant_offset.has_value() ? input(*quant_offset).to(at::kFloat) : packedOffsets(input(*quant_scale));
+    if (qo.defined()) y = y + qo.reshape({1, -1});
     return output(y.round().clamp(-128, 127).to(at::kChar));
   });
 }
@@ -360,7 +355,7 @@ void pagedAttention(const Tensor& query, const Tensor& key_cache, const Tensor& 
     if (!host_lens) lens = int64Values(input(device_lens));
     const Tensor q = input(query).to(at::kFloat);
     const Tensor kc = input(key_cache), vc = input(value_cache);
-    const Tensor table = input(block_table).to(at::kLong);
+    const Tensor table = input(block_table).to(at::kLong).contiguous();  // read by raw pointer below
     const Tensor o = inout(out);
     const int64_t T = q.size(0), D = q.size(2), Dv = vc.size(3), bs = kc.size(1), blocks = kc.size(0);
     const int64_t* tp = table.const_data_ptr<int64_t>();
@@ -431,7 +426,7 @@ Tensor moeFinalizeRouting(const Tensor& expanded, const OptTensor& skip1, const 
   return onHostProjected(op, tensors, [&](auto input, auto output) {
     const Tensor E = input(expanded).to(at::kFloat);
     const int64_t H = E.size(1);
-    const Tensor dst = input(src_to_dst).to(at::kLong);  // pair (i, j) at j * rows + i
+    const Tensor dst = input(src_to_dst).to(at::kLong).contiguous();  // pair (i, j) at j * rows + i
     const int64_t* dp = dst.const_data_ptr<int64_t>();
     for (const auto i : c10::irange(dst.numel()))
       NPU_OP_CHECK(dp[i] >= -1 && dp[i] < E.size(0), op, expanded.device(), "expanded_src_to_dst_row[", i, "] = ",

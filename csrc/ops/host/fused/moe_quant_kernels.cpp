@@ -34,6 +34,7 @@
 #include "../dtypes.h"
 #include "fast_exp.h"
 #include "on_host.h"
+#include "quant_param.h"
 
 namespace npu::ops::moe_quant {
 namespace {
@@ -56,33 +57,10 @@ std::vector<float> floatValues(const Tensor& t) {
   return std::vector<float>(f.const_data_ptr<float>(), f.const_data_ptr<float>() + f.numel());
 }
 
-// int64 scales (npu_trans_quant_param's form) keep the float32 scale's bits (cut to FP19) in
-// their low 32 bits and an int8 result's offset in bits 37..45 (9 bits, signed).
-std::vector<float> scaleValues(const Tensor& t) {
-  if (!t.defined() || t.scalar_type() != at::kLong) return floatValues(t);
-  const Tensor c = t.contiguous();
-  std::vector<float> out(c.numel());
-  const int64_t* p = c.const_data_ptr<int64_t>();
-  for (const auto i : c10::irange(c.numel())) {
-    const auto bits = static_cast<uint32_t>(static_cast<uint64_t>(p[i]) & 0xFFFFFFFFu);
-    std::memcpy(&out[i], &bits, sizeof(float));
-  }
-  return out;
-}
+// A quantization parameter's float32 scales and embedded offsets (quant_param.h), as vectors.
+std::vector<float> scaleValues(const Tensor& t) { return floatValues(packedScales(t)); }
 
-std::vector<float> embeddedOffsets(const Tensor& t) {
-  if (!t.defined() || t.scalar_type() != at::kLong) return {};
-  const Tensor c = t.contiguous();
-  std::vector<float> out(c.numel());
-  bool any = false;
-  const int64_t* p = c.const_data_ptr<int64_t>();
-  for (const auto i : c10::irange(c.numel())) {
-    const int64_t field = (static_cast<uint64_t>(p[i]) >> 37) & 0x1FF;
-    out[i] = static_cast<float>(field >= 256 ? field - 512 : field);
-    any |= field != 0;
-  }
-  return any ? out : std::vector<float>();
-}
+std::vector<float> embeddedOffsets(const Tensor& t) { return floatValues(packedOffsets(t)); }
 
 // round half to even (the conversion of the chip and of numpy's round), saturated to [lo, hi].
 inline float roundClamp(float v, float lo, float hi) { return std::min(hi, std::max(lo, std::nearbyint(v))); }

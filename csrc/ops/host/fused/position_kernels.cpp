@@ -31,6 +31,7 @@
 #include "../dtypes.h"
 #include "fast_exp.h"
 #include "on_host.h"
+#include "quant_param.h"
 
 namespace npu::ops::position {
 namespace {
@@ -483,9 +484,6 @@ at::Tensor softmaxMask(const at::Tensor& x, const at::Tensor& mask, bool fixed_t
 
 // ---- npu_transpose_batchmatmul -------------------------------------------------------------------
 
-// The float32 scale a packed int64 holds in its low 32 bits (npu_trans_quant_param's packing).
-float unpackScale(int64_t packed) { return std::bit_cast<float>(static_cast<uint32_t>(packed & 0xffffffff)); }
-
 // y[m, b, n] = sum_k x1[b, m, k] * x2[b, k, n] (after the permutations).
 at::Tensor transposeBatchMatmul(const at::Tensor& input, const at::Tensor& weight,
                                 const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scale,
@@ -514,7 +512,9 @@ at::Tensor transposeBatchMatmul(const at::Tensor& input, const at::Tensor& weigh
         for (int64_t mi = begin; mi < end; ++mi) {
           for (int64_t b = 0; b < t.batch; ++b) {
             for (int64_t ni = 0; ni < t.n; ++ni) {
-              const float v = std::nearbyint(ap[(b * t.m + mi) * t.n + ni] * unpackScale(sp[b * t.n + ni]));
+              const int64_t packed_j = sp[b * t.n + ni];  // scale and offset: quant_param.h
+              const float v = std::nearbyint(ap[(b * t.m + mi) * t.n + ni] * packedScale(packed_j) +
+                                             static_cast<float>(packedOffset(packed_j)));
               qp[mi * bn + b * t.n + ni] = static_cast<int8_t>(std::max(-128.0f, std::min(127.0f, v)));
             }
           }

@@ -15,6 +15,7 @@ Each option is either honoured (``_HONOURED``, per mode) or, set to anything but
 default, warns once (per option, per process) saying what it would do on the chip
 (``_ON_THE_CHIP``): nothing is ignored silently.
 """
+import copy
 import dataclasses
 import functools
 import logging
@@ -132,9 +133,20 @@ for _path in ("debug.aclgraph.disable_reinplace_inplaceable_ops_pass",
               "debug.aclgraph.clone_input", "debug.aclgraph.remove_cat_ops", "aclgraph_config.use_custom_pool"):
     _ON_THE_CHIP[_path] = _ACLGRAPH_ONLY
 
+# Rewrites the adapter does by default and this project never does (results are equal): the options that
+# switch them are read by nothing here, so a value other than the default warns with what the chip does.
+_NOT_DONE = "; this project never does this rewrite, so either value behaves as the rewrite switched off"
+_REMOVE_CAT = "with True (the default) a cat's inputs are written straight into slices of its output" + _NOT_DONE
+_INPUT_INPLACE = ("with the pass on (the default) an op that mutates a graph input writes that input in place "
+                  "rather than a copy written back" + _NOT_DONE)
+_ON_THE_CHIP["remove_cat_ops"] = _REMOVE_CAT
+_ON_THE_CHIP["input_inplace_pass"] = _INPUT_INPLACE
+_ON_THE_CHIP["debug.aclgraph.remove_cat_ops"] = _REMOVE_CAT
+_ON_THE_CHIP["debug.aclgraph.disable_reinplace_input_mutated_ops_pass"] = _INPUT_INPLACE
+
 _NPUGRAPH_EX_HONOURED = frozenset((
     "force_eager", "use_graph_pool", "reuse_graph_pool_in_same_fx", "capture_limit", "clone_input", "clone_output",
-    "frozen_parameter", "remove_noop_ops", "remove_cat_ops", "inplace_pass", "input_inplace_pass",
+    "frozen_parameter", "remove_noop_ops", "inplace_pass",
     "pattern_fusion_pass", "post_grad_custom_pre_pass", "post_grad_custom_post_pass", "capture_error_mode", "mode",
     "force_recapture"))
 _TORCHAIR_COMMON = ("mode", "debug.run_eagerly", "post_grad_custom_pre_pass", "post_grad_custom_post_pass",
@@ -144,9 +156,9 @@ _HONOURED = {
     "npugraph_ex_config": _NPUGRAPH_EX_HONOURED,
     "max-autotune": frozenset(_TORCHAIR_COMMON + ("experimental_config.keep_inference_input_mutations",)),
     "aclgraph": frozenset(_TORCHAIR_COMMON + (
-        "debug.aclgraph.disable_reinplace_inplaceable_ops_pass", "debug.aclgraph.disable_reinplace_input_mutated_ops_pass",
+        "debug.aclgraph.disable_reinplace_inplaceable_ops_pass",
         "debug.aclgraph.disable_mempool_reuse_in_same_fx", "debug.aclgraph.enable_output_clone",
-        "debug.aclgraph.static_capture_size_limit", "debug.aclgraph.clone_input", "debug.aclgraph.remove_cat_ops",
+        "debug.aclgraph.static_capture_size_limit", "debug.aclgraph.clone_input",
         "aclgraph_config.use_custom_pool", "experimental_config.keep_inference_input_mutations",
         "experimental_config.frozen_parameter", "experimental_config.remove_noop_ops")),
 }
@@ -419,6 +431,10 @@ def _static_inputs():
 def _npu_backend(gm, example_inputs, compiler_config=None, decompositions=None, **kwargs):
     """The backend ``get_npu_backend`` returns, ``(gm, example_inputs, **kwargs)``."""
     config = compiler_config if compiler_config is not None else CompilerConfig()
+    if kwargs.get("options"):
+        # options= belong to this torch.compile: applied to a copy, so that the caller's config (reused by
+        # later compiles) keeps its own values
+        config = copy.deepcopy(config)
     _apply_kwargs(config, kwargs)
     mode = config.mode._value
     if mode not in ("max-autotune",) + ACLGRAPH_MODES:
