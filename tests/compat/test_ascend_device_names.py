@@ -59,6 +59,18 @@ def test_stop_device_fails_later_work_until_restart():
         torch.npu.restart_device(0)
     x.add_(1)
     assert x.cpu().tolist() == [2.0] * 4
+    s = torch.npu.Stream()
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g, stream=s):
+        x.add_(1)
+    assert torch_npu.npu.stop_device(0) == 0
+    try:
+        with pytest.raises(RuntimeError, match="NPUGraph.replay.*FORCE STOP"):
+            g.replay()                          # a graph's work stops too
+    finally:
+        torch.npu.restart_device(0)
+    g.replay()
+    assert x.cpu().tolist() == [3.0] * 4
     with pytest.warns(UserWarning, match="rebuild_all_resources=True"):
         torch.npu.restart_device(0, rebuild_all_resources=True)
 
