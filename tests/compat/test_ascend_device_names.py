@@ -14,6 +14,7 @@ def test_launch_host_func_runs_in_stream_order_and_at_each_replay():
         torch_npu.npu._launch_host_func(s, seen.append, 1)
     torch_npu.npu._subscribe_report(s)
     x = torch.zeros(16, device="npu")
+    torch.npu.synchronize()                     # x is written on the default stream, read on s
     with torch.npu.stream(s):
         x.add_(2)
     torch_npu.npu._launch_host_func(s, lambda t: seen.append(t.cpu().tolist()), x)   # after the add, in order
