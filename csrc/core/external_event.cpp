@@ -25,7 +25,6 @@ struct ExternalEvent::State {
   std::mutex mutex;
   std::condition_variable recorded;
   int64_t available = 0;      // records run, not yet consumed (device side)
-  int64_t host_records = 0;   // records issued eagerly, minus the eager waits issued
 };
 
 namespace {
@@ -59,6 +58,22 @@ runtime::Kernel waitKernel(std::shared_ptr<ExternalEvent::State> state) {
 
 }  // namespace
 
+void launchOffThread(runtime::Stream& stream, const char* name, runtime::Kernel kernel, std::size_t bytes) {
+  auto submitted = std::make_shared<std::promise<void>>();
+  auto once = std::make_shared<std::once_flag>();
+  auto signal = [submitted, once] { std::call_once(*once, [&] { submitted->set_value(); }); };
+  std::future<void> done = submitted->get_future();
+  runtime::Stream* rt = &stream;
+  std::thread([rt, name, kernel = std::move(kernel), signal, bytes]() mutable {
+    try {
+      rt->launch(name, [kernel = std::move(kernel), signal] { signal(); kernel(); }, bytes);
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the stream keeps a kernel's error; a refused launch has none
+    }
+    signal();
+  }).detach();
+  done.wait();
+}
+
 ExternalEvent::ExternalEvent() : state_(std::make_shared<State>()) {}
 
 int64_t ExternalEvent::pending() const {
@@ -68,15 +83,6 @@ int64_t ExternalEvent::pending() const {
 
 void ExternalEvent::record(const c10::Stream& stream) {
   const auto device = stream.device_index();
-  const bool captured = capture::anyCapture() && [&] {
-    bool capturing = false;
-    onStream(stream, [&] { capturing = capture::currentStreamCapturing(device); });
-    return capturing;
-  }();
-  if (!captured) {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    ++state_->host_records;
-  }
   auto state = state_;
   onStream(stream, [&] {
     launch(device, "ExternalEvent.record", [state] {
@@ -104,36 +110,24 @@ void ExternalEvent::wait(const c10::Stream& stream) {
   bool captured = false;
   onStream(stream, [&] { captured = capture::currentStreamCapturing(device); });
   auto state = state_;
-  bool recorded_before = true;
-  if (!captured) {
-    std::lock_guard<std::mutex> lock(state->mutex);
-    recorded_before = state->host_records > 0;
-    if (recorded_before) --state->host_records;
-  }
-  if (captured || recorded_before) {
-    // Its record is queued already (or comes at replay from outside the graph): the
-    // stream may run the wait at once, even on this thread.
+  if (captured) {
+    // A node of the graph: its record comes at replay, from outside the graph (the
+    // replay never runs it on the replaying thread, graph.cpp).
     onStream(stream, [&] { launch(device, "ExternalEvent.wait", waitKernel(state), 0); });
     return;
   }
-  // Wait before record: the record comes later from this thread, so the wait must not
-  // run here. Another thread submits it; this one goes on once it is in the stream
-  // (queued behind the stream's work, or running, so that later work queues behind it).
+  // Eager: the record may come later from this thread (after a reset, or once
+  // replays consumed the records), so the wait never runs here. Another thread
+  // submits it; this one goes on once it is in the stream (queued behind the
+  // stream's work, or running), so that later work queues behind it.
   capture::refuseIfJoined(device, "torch.npu.ExternalEvent.wait");
-  runtime::Stream* rt = &runtimeStream(stream);
-  auto submitted = std::make_shared<std::promise<void>>();
-  auto once = std::make_shared<std::once_flag>();
-  auto signal = [submitted, once] { std::call_once(*once, [&] { submitted->set_value(); }); };
-  std::future<void> done = submitted->get_future();
-  runtime::Kernel kernel = waitKernel(state);
-  std::thread([rt, kernel, signal]() mutable {
-    try {
-      rt->launch("ExternalEvent.wait", [kernel, signal] { signal(); kernel(); }, 0);
-    } catch (...) {  // NOLINT(bugprone-empty-catch): the stream keeps a kernel's error; a refused launch has none
-    }
-    signal();
-  }).detach();
-  done.wait();
+  if (C10_UNLIKELY(anyDeviceStopped())) checkNotStopped(device, "torch.npu.ExternalEvent.wait");
+  launchOffThread(runtimeStream(stream), "ExternalEvent.wait",
+                  [kernel = waitKernel(state), device] {
+                    if (C10_UNLIKELY(anyDeviceStopped()) && deviceStopped(device)) return;  // stop_device: skipped
+                    kernel();
+                  },
+                  0);
 }
 
 }  // namespace npu

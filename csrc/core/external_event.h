@@ -9,9 +9,20 @@
 
 #include <c10/core/Stream.h>
 
+#include <cstddef>
 #include <memory>
 
+#include "../runtime/hal.h"
+
 namespace npu {
+
+// Queues `kernel` on `stream` from another thread, so that it never runs on the
+// calling thread even on an idle stream: for a kernel that may block until the
+// caller does more (an ExternalEvent wait whose record comes later; a graph replay's
+// batch holding one). Returns once the kernel is in the stream (queued, or
+// running), so work launched after it queues behind it. A launch the stream refuses
+// is dropped (the stream keeps a kernel's own error).
+void launchOffThread(runtime::Stream& stream, const char* name, runtime::Kernel kernel, std::size_t bytes);
 
 class ExternalEvent {
  public:

@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <atomic>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "allocator.h"
 #include "device.h"
 #include "generator.h"
+#include "external_event.h"
 #include "stream.h"
 #include "../runtime/tracing.h"
 
@@ -107,6 +109,8 @@ bool recordKernel(c10::DeviceIndex device, const char* name, const runtime::Kern
     node.kernel = kernel;
     node.bytes = bytes;
     node.work = runtime::tracing::takeNextWork();
+    // Its record comes from outside the graph, maybe after the replay returns.
+    node.blocks = std::strcmp(name, "ExternalEvent.wait") == 0;
   });
 }
 
@@ -294,6 +298,7 @@ void Graph::captureBegin(c10::MempoolId_t pool, const std::string& mode) {
   mode_ = mode;
   thread_ = std::this_thread::get_id();
   nodes_.clear();
+  published_.reset();
   invalid_.clear();
   groups_.clear();
   open_group_ = SIZE_MAX;
@@ -357,17 +362,32 @@ void Graph::replay() {
               " is capturing: a replay cannot be captured into another graph");
   TORCH_CHECK(update_group_ == SIZE_MAX, "NPUGraph.replay: task group ", update_group_, " of this graph is being "
               "updated (torch.npu.graph_task_update_begin()): call graph_task_update_end() first");
+  checkNotStopped(device_, "NPUGraph.replay");
   auto& stream = currentRuntimeStream(device_);
+  releaseRetired(false);
+  if (!published_) published_ = std::make_shared<const NodeList>(nodes_);
+  const std::shared_ptr<const NodeList> nodes = published_;   // the queued batches keep it
+  const c10::DeviceIndex device = device_;
   // One op in a profile (the kernels link to it), and its work is a replay's:
   // a chip runs it without launching each kernel from the host.
   RECORD_FUNCTION("NPUGraph.replay", std::vector<c10::IValue>());
   runtime::tracing::ReplayScope replaying;
   // Consecutive kernels run as one launch; copies are the stream's own; host work
   // runs here, in stream order, as it does eagerly. Random kernels draw now, here.
+  // A batch with an ExternalEvent wait never runs on this thread: its record may
+  // come from this thread after the replay returns (vllm-ascend's order).
   auto isKernel = [](const Node& n) { return static_cast<bool>(n.kernel) || static_cast<bool>(n.random); };
+  auto launchOn = [&stream](const char* name, runtime::Kernel kernel, std::size_t bytes, bool blocks) {
+    if (blocks) {
+      launchOffThread(stream, name, std::move(kernel), bytes);
+    } else {
+      stream.launch(name, std::move(kernel), bytes);
+    }
+  };
+  const NodeList& list = *nodes;
   std::size_t i = 0;
-  while (i < nodes_.size()) {
-    const Node& node = nodes_[i];
+  while (i < list.size()) {
+    const Node& node = list[i];
     if (node.host) {
       node.host();   // takes the GIL, then holds the stream (module.cpp): never the other way round
       ++i;
@@ -380,78 +400,90 @@ void Graph::replay() {
     }
     std::size_t end = i;
     std::size_t bytes = 0;
-    while (end < nodes_.size() && isKernel(nodes_[end])) bytes += nodes_[end++].bytes;
-    const Node* first = nodes_.data() + i;
+    bool blocks = false;
+    while (end < list.size() && isKernel(list[end])) {
+      blocks = blocks || list[end].blocks;
+      bytes += list[end++].bytes;
+    }
+    const std::size_t offset = i;
     const std::size_t count = end - i;
     std::shared_ptr<std::vector<std::vector<at::Generator>>> draws;
     for (std::size_t k = 0; k < count; ++k) {
-      if (first[k].sources.empty()) continue;
+      const Node& n = list[offset + k];
+      if (n.sources.empty()) continue;
       if (!draws) draws = std::make_shared<std::vector<std::vector<at::Generator>>>(count);
-      for (const auto& source : first[k].sources) {
+      for (const auto& source : n.sources) {
         (*draws)[k].push_back(drawFor(source.isGenerator() ? std::optional<at::Generator>(source.toGenerator())
                                                            : std::nullopt,
                                       device_));
       }
     }
-    auto run = [first, draws](std::size_t k) {
-      if (first[k].random) {
-        first[k].random((*draws)[k]);
+    auto run = [nodes, offset, draws](std::size_t k) {
+      const Node& n = (*nodes)[offset + k];
+      if (n.random) {
+        n.random((*draws)[k]);
       } else {
-        first[k].kernel();
+        n.kernel();
       }
     };
     if (C10_UNLIKELY(runtime::tracing::enabled())) {
       // While a profiler records, each kernel is launched (and traced) on its own,
       // named by its op, under the replay's correlation id.
       for (std::size_t k = 0; k < count; ++k) {
-        runtime::tracing::setNextWork(first[k].work);
+        const Node& n = list[offset + k];
+        runtime::tracing::setNextWork(n.work);
         translateRuntimeErrors("NPUGraph.replay", [&] {
-          stream.launch(
-              first[k].name,
-              [run, k] {
+          launchOn(
+              n.name,
+              [run, k, device] {
+                if (C10_UNLIKELY(anyDeviceStopped()) && deviceStopped(device)) return;  // stop_device: skipped
                 at::AutoDispatchBelowADInplaceOrView below_autograd;
                 run(k);
               },
-              first[k].bytes);
+              n.bytes, n.blocks);
         });
       }
       i = end;
       continue;
     }
     translateRuntimeErrors("NPUGraph.replay", [&] {
-      stream.launch(
+      launchOn(
           "npu.graph_replay",
-          [run, count] {
+          [run, count, device] {
+            if (C10_UNLIKELY(anyDeviceStopped()) && deviceStopped(device)) return;  // stop_device: skipped
             at::AutoDispatchBelowADInplaceOrView below_autograd;
             for (std::size_t k = 0; k < count; ++k) run(k);
           },
-          bytes);
+          bytes, blocks);
     });
     i = end;
   }
-  if (!groups_.empty()) {   // an update waits for this replay before it swaps nodes
-    translateRuntimeErrors("NPUGraph.replay", [&] {
-      if (!last_replay_) last_replay_ = runtimeDevice(device_).createEvent(false);
-      last_replay_->record(stream);
-    });
+}
+
+void Graph::releaseRetired(bool all) {
+  auto done = [all](const Retired& r) { return all || r.snapshot.use_count() == 1; };
+  for (const auto& r : retired_) {
+    if (done(r) && (r.pool.first != 0 || r.pool.second != 0)) allocator::releasePool(device_, r.pool);
   }
+  retired_.erase(std::remove_if(retired_.begin(), retired_.end(), done), retired_.end());
 }
 
 void Graph::reset() {
   if (capturing_) leaveCapture();
   endUpdate();
-  if (!nodes_.empty() && device_ >= 0) {
+  if ((!nodes_.empty() || !retired_.empty()) && device_ >= 0) {
     // Queued replays still read the nodes: they go once the device is done.
     translateRuntimeErrors("NPUGraph.reset", [&] { runtimeDevice(device_).synchronize(); });
   }
   nodes_.clear();
+  published_.reset();
+  releaseRetired(true);   // the device is done: no replay reads them
   for (auto& g : groups_) {
     if (g.update_pool.first != 0 || g.update_pool.second != 0) allocator::releasePool(device_, g.update_pool);
   }
   groups_.clear();
   open_group_ = SIZE_MAX;
   generation_ = 0;
-  last_replay_.reset();
   captured_ = false;
   invalid_.clear();
   if (holds_pool_) {
@@ -592,10 +624,9 @@ void taskUpdateEnd(c10::DeviceIndex device, int64_t stream_id) {
     TORCH_CHECK(false, "torch.npu.graph_task_update_end: the update was invalidated by ", invalid,
                 ", which a graph cannot replay; the task group keeps its previous work: update it again without it");
   }
-  // Queued replays read the nodes: the swap waits for the latest one (not for other work).
-  if (g->last_replay_) {
-    translateRuntimeErrors("torch.npu.graph_task_update_end", [&] { g->last_replay_->synchronize(); });
-  }
+  // Queued replays read their own snapshot (published_): the edit waits for none of
+  // them, so a replay waiting for this update's record (ExternalEvent) cannot hang it.
+  g->releaseRetired(false);
   std::vector<Graph::Node> fresh = std::move(g->update_nodes_);
   const c10::MempoolId_t pool = g->update_pool_;
   g->update_nodes_.clear();
@@ -625,9 +656,15 @@ void taskUpdateEnd(c10::DeviceIndex device, int64_t stream_id) {
       other.end = other.end + new_count - old_count;
     }
   }
-  // The previous update's memory: its nodes are gone and no replay reads them any more.
-  if (group.update_pool.first != 0 || group.update_pool.second != 0) allocator::releasePool(device, group.update_pool);
+  // The previous update's memory: released now if no replay read its nodes, else once
+  // the queued replays that read them are done.
+  if (g->published_) {
+    g->retired_.push_back({std::move(g->published_), group.update_pool});
+  } else if (group.update_pool.first != 0 || group.update_pool.second != 0) {
+    allocator::releasePool(device, group.update_pool);
+  }
   group.update_pool = pool;
+  g->published_.reset();   // the next replay publishes the new nodes
 }
 
 // The primitives ask through capture.h, which does not know this file.

@@ -155,7 +155,9 @@ class Graph final : public at::GraphImplInterface {
     const void* src = nullptr;
     runtime::CopyKind kind = runtime::CopyKind::HostToDevice;
     c10::Storage keep;           // a copy's pinned host memory
+    bool blocks = false;         // may wait for the host's later work (ExternalEvent.wait): never run inline
   };
+  using NodeList = std::vector<Node>;
   friend bool recordKernel(c10::DeviceIndex, const char*, const runtime::Kernel&, std::size_t);
   friend bool recordCopy(c10::DeviceIndex, void*, const void*, std::size_t, runtime::CopyKind, c10::Storage);
   friend bool recordHostWork(c10::DeviceIndex, const char*, std::function<void()>);
@@ -186,9 +188,20 @@ class Graph final : public at::GraphImplInterface {
   std::size_t update_group_ = SIZE_MAX;
   int64_t update_stream_ = -1;
   c10::MempoolId_t update_pool_{0, 0};
-  // Marks the end of the latest replay of a graph with groups: an update waits for it
-  // before it swaps nodes that a queued replay still reads.
-  std::unique_ptr<runtime::Event> last_replay_;
+  // What replays read: a copy of nodes_ made at the first replay after a capture or
+  // an update. Queued replays keep theirs, so an update (which edits nodes_ and
+  // drops this) never waits for them, even for one that waits for the update's record.
+  std::shared_ptr<const NodeList> published_;
+  // Snapshots an update replaced, with the update pool of the group work they read
+  // ({0, 0}: none), until no queued replay holds them (releaseRetired, on the graph's
+  // own calls): so the last reference never goes on a stream's worker, where a host
+  // node's Python objects could not be let go.
+  struct Retired {
+    std::shared_ptr<const NodeList> snapshot;
+    c10::MempoolId_t pool;
+  };
+  std::vector<Retired> retired_;
+  void releaseRetired(bool all);
   c10::DeviceIndex device_ = -1;
   int64_t stream_id_ = 0;
   c10::MempoolId_t pool_{0, 0};

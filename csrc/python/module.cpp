@@ -284,9 +284,9 @@ void bindStreams(py::module_& m) {
       name = npu::runtime::tracing::intern(kernel_name);
     }
     if (C10_UNLIKELY(npu::graph::currentStreamCapturing(device))) {
-      // Recorded, and called at each replay by the replaying thread (which holds the
-      // GIL, as this one does); the Python objects it keeps are let go under the GIL,
-      // whichever thread drops the graph.
+      // Recorded, and called at each replay by the replaying thread (which released
+      // the GIL: the node takes it); the Python objects it keeps are let go under the
+      // GIL, whichever thread drops the graph.
       using Call = std::pair<py::function, py::args>;
       std::shared_ptr<Call> call(new Call(kernel, args), [](Call* p) {
         py::gil_scoped_acquire gil;
@@ -314,7 +314,9 @@ void bindGraphs(py::module_& m) {
            },
            py::call_guard<py::gil_scoped_release>())
       .def("capture_end", &Graph::captureEnd, py::call_guard<py::gil_scoped_release>())
-      .def("replay", &Graph::replay)
+      // Without the GIL: a replay may wait (for a full stream queue, a hold); its host
+      // nodes take the GIL themselves (recordHostWork above).
+      .def("replay", &Graph::replay, py::call_guard<py::gil_scoped_release>())
       .def("reset", &Graph::reset, py::call_guard<py::gil_scoped_release>())
       .def("pool", [](const Graph& g) { auto p = g.pool(); return py::make_tuple(p.first, p.second); })
       .def("size", &Graph::size)

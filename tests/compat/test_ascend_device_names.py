@@ -14,6 +14,7 @@ def test_launch_host_func_runs_in_stream_order_and_at_each_replay():
         torch_npu.npu._launch_host_func(s, seen.append, 1)
     torch_npu.npu._subscribe_report(s)
     x = torch.zeros(16, device="npu")
+    torch.npu.synchronize()                     # x is written on the default stream, read on s
     with torch.npu.stream(s):
         x.add_(2)
     torch_npu.npu._launch_host_func(s, lambda t: seen.append(t.cpu().tolist()), x)   # after the add, in order
@@ -59,6 +60,18 @@ def test_stop_device_fails_later_work_until_restart():
         torch.npu.restart_device(0)
     x.add_(1)
     assert x.cpu().tolist() == [2.0] * 4
+    s = torch.npu.Stream()
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g, stream=s):
+        x.add_(1)
+    assert torch_npu.npu.stop_device(0) == 0
+    try:
+        with pytest.raises(RuntimeError, match="NPUGraph.replay.*FORCE STOP"):
+            g.replay()                          # a graph's work stops too
+    finally:
+        torch.npu.restart_device(0)
+    g.replay()
+    assert x.cpu().tolist() == [3.0] * 4
     with pytest.warns(UserWarning, match="rebuild_all_resources=True"):
         torch.npu.restart_device(0, rebuild_all_resources=True)
 

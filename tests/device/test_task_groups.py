@@ -2,6 +2,11 @@
 torch.npu.ExternalEvent, torch.npu.Event(external=True), and task groups, whose
 captured work an update on another stream replaces before a replay. Checked against
 eager results computed on the cpu."""
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -214,6 +219,11 @@ def test_auto_dispatch_capture_and_update():
         torch.testing.assert_close(total.cpu().float(), expected.sum(-1), atol=1e-2, rtol=1e-2)
     with pytest.raises(RuntimeError, match="captured 1 updatable ops"):
         g.update([{}, {}])
+    with pytest.raises(ValueError, match="'actual_seq_length'.*actual_seq_lengths_kv"):
+        g.update([{"actual_seq_length": [2, 2]}])     # misspelt: refused, not ignored
+    g.update([{"actual_seq_lengths_kv": [1, 9]}])      # the group kept its work: it updates and replays
+    g.replay()
+    torch.testing.assert_close(out.cpu().float(), _attention_cpu(q, k, v, [1, 9], scale), atol=2e-3, rtol=2e-3)
     plain = torch.npu.NPUGraph()
     with torch.npu.graph(plain):
         qn.add_(0)
@@ -241,3 +251,127 @@ def test_fused_ops_are_captured_and_replayed_on_new_inputs():
             x.copy_(x_cpu)
             g.replay()
             torch.testing.assert_close(z.cpu(), rms(x_cpu, gamma_cpu) * 2, atol=1e-5, rtol=1e-5)
+
+
+def _run_bounded(code, timeout=120):
+    """Runs `code` in a fresh interpreter, failing (not hanging) if it does not end in time."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [os.path.dirname(os.path.dirname(torch_npu.__file__)),
+                                                     env.get("PYTHONPATH", "")] if p)
+    try:
+        done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"did not end within {timeout} s (a wait ran on the caller's thread?)")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "OK" in done.stdout
+
+
+def test_replay_before_the_external_record_does_not_hang():
+    """vllm-ascend's order: replay first, then update the task group and record the event
+    the graph waits for. The captured wait waits on the stream, never on the replaying thread."""
+    _run_bounded("""
+        import torch, torch_npu
+        x = torch.arange(4.0, device="npu")
+        torch.npu.synchronize()
+        s, other = torch.npu.Stream(), torch.npu.Stream()
+        ev = torch.npu.ExternalEvent()
+        g = torch.npu.NPUGraph()
+        with torch.npu.graph(g, stream=s):
+            ev.wait(s)
+            ev.reset(s)
+            y = x * 3
+            torch.npu.graph_task_group_begin(s)
+            z = y + 1
+            handle = torch.npu.graph_task_group_end(s)
+        for step in range(3):
+            g.replay()                                  # queued behind the wait
+            with torch.npu.stream(other):               # then update, then record
+                torch.npu.graph_task_update_begin(other, handle)
+                torch.add(y, 10.0 * (step + 1), out=z)
+                torch.npu.graph_task_update_end(other)
+                ev.record(other)
+            s.synchronize()
+            assert y.cpu().tolist() == [0.0, 3.0, 6.0, 9.0]
+            assert z.cpu().tolist() == [v * 3 + (1.0 if step == 0 else 10.0 * step) for v in range(4)], z
+        print("OK")
+    """)
+
+
+def test_eager_external_wait_after_reset_or_replays_does_not_block():
+    """An eager wait never blocks its caller, whatever records came before: after a reset, or
+    once replays consumed them, its record may still come later from this thread."""
+    _run_bounded("""
+        import torch, torch_npu
+        a, b = torch.npu.Stream(), torch.npu.Stream()
+        e = torch.npu.ExternalEvent()
+        x = torch.zeros(4, device="npu")
+        torch.npu.synchronize()
+        e.record(a)
+        torch.npu.synchronize()
+        e.reset(a)
+        torch.npu.synchronize()
+        e.wait(b)                                       # no record left: waits on b, not here
+        with torch.npu.stream(b):
+            y = x + 1
+        with torch.npu.stream(a):
+            x.fill_(2.0)
+            e.record(a)
+        b.synchronize()
+        assert y.cpu().tolist() == [3.0] * 4
+        # Records consumed by a replay's wait do not count for an eager wait.
+        g = torch.npu.NPUGraph()
+        s = torch.npu.Stream()
+        with torch.npu.graph(g, stream=s):
+            e.wait(s)
+            w = x * 2
+        e.record(a)
+        g.replay()
+        s.synchronize()
+        e.wait(b)
+        with torch.npu.stream(b):
+            v = x + 5
+        e.record(a)
+        b.synchronize()
+        assert w.cpu().tolist() == [4.0] * 4 and v.cpu().tolist() == [7.0] * 4
+        print("OK")
+    """)
+
+
+def test_update_leaves_replays_queued_on_other_streams_their_work():
+    """Replays queued on two streams (both waiting for an event), then an update: the update
+    waits for neither; the queued replays run the work they were launched with, the next the new."""
+    _run_bounded("""
+        import torch, torch_npu
+        x = torch.arange(4.0, device="npu")
+        torch.npu.synchronize()
+        s, first, second, other = (torch.npu.Stream() for _ in range(4))
+        ev = torch.npu.ExternalEvent()
+        g = torch.npu.NPUGraph()
+        with torch.npu.graph(g, stream=s):
+            ev.wait(s)
+            torch.npu.graph_task_group_begin(s)
+            z = x * 2
+            handle = torch.npu.graph_task_group_end(s)
+        outs = []
+        for stream in (first, second):
+            with torch.npu.stream(stream):
+                g.replay()                              # waits for ev on its stream
+                outs.append(z + 0)
+        with torch.npu.stream(other):
+            torch.npu.graph_task_update_begin(other, handle)
+            torch.mul(x, 5.0, out=z)
+            torch.npu.graph_task_update_end(other)      # does not wait for the queued replays
+        with torch.npu.stream(other):
+            ev.record(other)
+            ev.record(other)
+        torch.npu.synchronize()
+        assert [o.cpu().tolist() for o in outs] == [[0.0, 2.0, 4.0, 6.0]] * 2, outs
+        ev.record(other)
+        other.synchronize()
+        with torch.npu.stream(first):
+            g.replay()
+        first.synchronize()
+        assert z.cpu().tolist() == [0.0, 5.0, 10.0, 15.0]
+        print("OK")
+    """)

@@ -65,8 +65,8 @@ def graph_task_update_begin(stream: "torch.npu.Stream", handle: "_C._NPUTaskGrou
 
 
 def graph_task_update_end(stream: "torch.npu.Stream") -> None:
-    """Ends the update begun on ``stream`` and puts its work in the task group's place (after the
-    graph's latest replay has finished with the old work)."""
+    """Ends the update begun on ``stream`` and puts its work in the task group's place for the
+    next replays; replays already queued keep running the old work (the call waits for none)."""
     _C._graph_task_update_end(*_npu_stream(stream, "graph_task_update_end"))
 
 
@@ -91,10 +91,16 @@ class NpuGraphOpHandler:
 
     @classmethod
     def update_args(cls, record, update_input):
-        """Puts the update's values into the recorded call's keyword arguments."""
+        """Puts the update's values into the recorded call's keyword arguments. A key that is
+        neither in ``UPDATE_KEYS`` nor among the recorded keyword arguments raises ValueError
+        (a misspelt key would otherwise leave the old value in place)."""
+        unknown = [key for key in update_input if key not in cls.UPDATE_KEYS and key not in record.kwargs]
+        if unknown:
+            raise ValueError(f"NPUGraph.update: {cls.__name__} cannot update {', '.join(map(repr, unknown))}: "
+                             f"it updates {sorted(cls.UPDATE_KEYS)} and the recorded keyword arguments "
+                             f"{sorted(record.kwargs)}; check the key's spelling")
         for key, value in update_input.items():
-            if key in cls.UPDATE_KEYS or key in record.kwargs:
-                record.kwargs[key] = value
+            record.kwargs[key] = value
 
 
 _NPU_GRAPH_OP_HANDLERS = {}
@@ -199,9 +205,9 @@ class _GraphDispatchMode(torch.utils._python_dispatch.TorchDispatchMode):
         update = _GraphDispatchMode.update_stream
         with torch.npu.stream(update):
             for record, update_input in zip(self.records, cpu_update_input):
+                record.handler.update_args(record, update_input)   # raises before the group changes
                 graph_task_update_begin(update, record.handle)
                 try:
-                    record.handler.update_args(record, update_input)
                     record.func(*record.args, **record.kwargs)
                 finally:
                     graph_task_update_end(update)
