@@ -43,6 +43,13 @@ TIMEOUT_S = 1800
 # across tests, had the host's OOM killer end the run). 6 GiB holds one such cache; a test that
 # needs more gets torch.OutOfMemoryError, reported as such.
 NPU_MEMORY = "6GiB"
+# Files left out of the run unless NPU_VA_ALL=1: every test of them needs more npu memory than
+# that cap (0/41 and 0/11 pass, each stopped by torch.OutOfMemoryError), and they took two of the
+# harness's three minutes to get there.
+NOT_RUN = {
+    "tests/ut/attention/a2/test_attention_v1_precision.py": "more npu memory than the run's 6 GiB cap",
+    "tests/ut/attention/a2/test_mla_precision.py": "more npu memory than the run's 6 GiB cap",
+}
 
 # file (relative to vllm-ascend's root) -> tests of it that pass today; a file passing fewer fails the test.
 EXPECTED_PASS = {
@@ -64,7 +71,9 @@ EXPECTED_PASS = {
     "tests/ut/ops/a2/test_token_dispatcher.py": 17,
     "tests/ut/quantization/methods/a2/test_w4a16.py": 23,
     "tests/ut/quantization/methods/a2/test_w4a4_flatquant.py": 13,
-    "tests/ut/quantization/methods/a2/test_w4a4_laos_dynamic.py": 5,
+    # 4 of 5: test_apply_with_npu packs a torch.empty int8 weight, which passes only when the host's
+    # memory happens to hold int4 values; npu_convert_weight_to_int4pack refuses any other value.
+    "tests/ut/quantization/methods/a2/test_w4a4_laos_dynamic.py": 4,
     "tests/ut/quantization/methods/a2/test_w8a16.py": 5,
     "tests/ut/quantization/methods/a2/test_w8a8_dynamic.py": 12,
     "tests/ut/quantization/methods/a2/test_w8a8_static.py": 7,
@@ -219,13 +228,14 @@ def _missing():
     return None
 
 
-def a2_files():
+def a2_files(everything=False):
+    """vllm-ascend's A2 test files, less NOT_RUN unless `everything`."""
     found = []
     for root, _, files in os.walk(os.path.join(SOURCE, "tests", "ut")):
         if os.path.basename(root) == "a2":
             found += [os.path.relpath(os.path.join(root, f), SOURCE) for f in files
                       if f.startswith("test_") and f.endswith(".py")]
-    return sorted(found)
+    return sorted(f for f in found if everything or f not in NOT_RUN)
 
 
 def _hf_cache(home):
@@ -291,9 +301,13 @@ def summarise(files, raw, stderr):
     return rows
 
 
-def table(rows):
+def table(rows, left_out=None):
     lines = ["| file | passed/total | skipped | what stops the rest |", "| --- | --- | --- | --- |"]
-    for path, row in sorted(rows.items()):
+    for path in sorted({*rows, *(left_out or {})}):
+        if path not in rows:
+            lines.append(f"| {path} | not run | | needs {left_out[path]} (NPU_VA_ALL=1 runs it) |")
+            continue
+        row = rows[path]
         total = row["passed"] + row["failed"] + row["error"]
         stops = "; ".join(f"{what} ({count})" for what, count in row["blockers"].most_common(4))
         lines.append(f"| {path} | {row['passed']}/{total} | {row['skipped']} | {stops} |")
@@ -304,7 +318,7 @@ def test_vllm_ascend_a2_device_tests(tmp_path):
     why = _missing()
     if why:
         pytest.skip(why)
-    files = a2_files()
+    files = a2_files(everything=os.environ.get("NPU_VA_ALL") == "1")
     assert files, f"no tests/ut/**/a2/test_*.py under {SOURCE}"
     bin_dir, plugin_dir, hf_home = tmp_path / "bin", tmp_path / "plugin", tmp_path / "hf"
     bin_dir.mkdir()
@@ -334,7 +348,7 @@ def test_vllm_ascend_a2_device_tests(tmp_path):
     raw = json.loads(report.read_text()) if report.exists() else None
     rows = summarise(files, raw, proc.stdout + proc.stderr)
     note = " (torchvision: a stand-in, no CPU build installed)" if stand_in else ""
-    text = table(rows)
+    text = table(rows, {path: NOT_RUN[path] for path in a2_files(everything=True) if path not in files})
     passed = sum(row["passed"] for row in rows.values())
     total = sum(row["passed"] + row["failed"] + row["error"] for row in rows.values())
     os.makedirs(os.path.dirname(REPORT), exist_ok=True)
