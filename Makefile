@@ -112,7 +112,7 @@ test-cache:
 	rm -rf $(TORCHINDUCTOR_CACHE_DIR)
 
 pytest: build $(VENV)/.clients
-	$(PYTEST) tests
+	$(PYTEST) --durations=15 tests
 
 # The stream, copy, random, checkpoint and model tests again with the fully asynchronous
 # launch policy (every kernel queued to its stream's worker thread), so ordering
