@@ -73,7 +73,9 @@ class IntRangeValue(OptionValue):
         self._value = v
 
 
-class IntListValue(OptionValue):
+class _CheckedValue(OptionValue):
+    """An option read back as set (no string form): each kind checks what it is given."""
+
     def __init__(self, default=None):
         super().__init__(default)
 
@@ -83,98 +85,70 @@ class IntListValue(OptionValue):
 
     @value.setter
     def value(self, v):
+        self._value = self._check(v)
+
+    def _check(self, v):
+        raise NotImplementedError
+
+
+class IntListValue(_CheckedValue):
+    def _check(self, v):
         if v is not None and not isinstance(v, (list, tuple)):
             raise TypeError(f"the set value must be None or list, got {type(v)}")
         v = [] if v is None else list(v)
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
             raise TypeError(f"the set value must be int list, got list type: {[type(x) for x in v]}")
-        self._value = v
+        return v
 
 
-class StrOptionValue(OptionValue):
-    def __init__(self, default=None):
-        super().__init__(default)
+class _TypedValue(_CheckedValue):
+    _kind, _kind_name = object, "object"
 
-    @property
-    def value(self):
-        return self._value
-
-    @value.setter
-    def value(self, v):
-        if v is not None and not isinstance(v, str):
-            raise TypeError(f"value must be str or None, got {type(v)}")
-        self._value = v
+    def _check(self, v):
+        if v is not None and not isinstance(v, self._kind):
+            raise TypeError(f"value must be {self._kind_name} or None, got {type(v)}")
+        return v
 
 
-class DictOptionValue(OptionValue):
-    def __init__(self, default=None):
-        super().__init__(default)
-
-    @property
-    def value(self):
-        return self._value
-
-    @value.setter
-    def value(self, v):
-        if v is not None and not isinstance(v, dict):
-            raise TypeError(f"value must be dict or None, got {type(v)}")
-        self._value = v
+class StrOptionValue(_TypedValue):
+    _kind, _kind_name = str, "str"
 
 
-class CallableValue(OptionValue):
-    def __init__(self, default=None):
-        super().__init__(default)
+class DictOptionValue(_TypedValue):
+    _kind, _kind_name = dict, "dict"
 
-    @property
-    def value(self):
-        return self._value
 
-    @value.setter
-    def value(self, v):
+class CallableValue(_CheckedValue):
+    def _check(self, v):
         if v is not None and not callable(v):
             raise TypeError(f"value must be Callable or None, got {type(v)}")
-        self._value = v
+        return v
 
 
-class FileValue(OptionValue):
-    @property
-    def value(self):
-        return self._value
-
-    @value.setter
-    def value(self, v):
+class FileValue(_CheckedValue):
+    def _check(self, v):
         if v is not None and not os.path.isfile(v):
             raise FileNotFoundError(f"Please set legal file path, {v} is not found or is not a file!")
-        self._value = v
+        return v
 
 
-class MustExistedPathValue(OptionValue):
-    @property
-    def value(self):
-        return self._value
-
-    @value.setter
-    def value(self, v):
+class MustExistedPathValue(_CheckedValue):
+    def _check(self, v):
         if v is None or not os.path.isdir(v):
             raise FileNotFoundError(f"Please set legal dir path, {v} is not found or is not a file directory!")
-        self._value = v
+        return v
 
 
-class RegexValue(OptionValue):
+class RegexValue(_CheckedValue):
     def __init__(self, default, regex, example):
         super().__init__(default)
         self._regex, self._example = regex, example
 
-    @property
-    def value(self):
-        return self._value
-
-    @value.setter
-    def value(self, v):
+    def _check(self, v):
         if not isinstance(v, str) or not re.match(self._regex, v):
             raise ValueError(f"Please set legal regex value format match {self._regex}, {v} is Illegal format, "
                              f"correct example:{self._example}.")
-        self._value = v
+        return v
 
 
 class NpuBaseConfig:
