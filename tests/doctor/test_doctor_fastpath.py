@@ -28,8 +28,10 @@ def _observed(doctor):
     monitor = doctor.monitor
     sites = {key: _site_counts(site) for key, site in monitor.sites.items()}
     loops = {(loop.file, loop.line): (loop.boundaries, loop.frames, loop.data) for loop in monitor.loops.values()}
-    # launch_bound and the minor mark are decided from host times: not compared
-    findings = sorted((f.kind, f.file, f.line, f.count) for f in doctor.findings if f.kind != "launch_bound")
+    # launch_bound, strided_copy (a share of the op time) and the minor mark are decided from
+    # host times: not compared (their counts are, in the sites)
+    findings = sorted((f.kind, f.file, f.line, f.count) for f in doctor.findings
+                      if f.kind not in ("launch_bound", "strided_copy"))
     return {"sites": sites, "loops": loops, "findings": findings, "steps": monitor.step,
             "total_ops": monitor.total_ops, "op_calls": dict(monitor.op_calls),
             "host_op_calls": {str(op): n for op, n in monitor.host_op_calls.items()}}

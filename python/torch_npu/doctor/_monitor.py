@@ -485,13 +485,17 @@ def _largest_npu(args):
     """The most elements of an npu tensor among ``args`` (lists included)."""
     most = 0
     for a in args:
-        if isinstance(a, torch.Tensor):
-            if a.device.type == "npu" and a.numel() > most:
-                most = a.numel()
+        if isinstance(a, _Tensor):
+            if a.device in _npu_devices or (not a.is_cpu and a.device.type == "npu"):
+                n = a.numel()
+                if n > most:
+                    most = n
         elif isinstance(a, (list, tuple)):
             for t in a:
-                if isinstance(t, torch.Tensor) and t.device.type == "npu" and t.numel() > most:
-                    most = t.numel()
+                if isinstance(t, _Tensor) and (t.device in _npu_devices or (not t.is_cpu and t.device.type == "npu")):
+                    n = t.numel()
+                    if n > most:
+                        most = n
     return most
 
 
@@ -526,8 +530,9 @@ def _factory_kind(func):
     return kind
 
 
-# What the dispatch path decides from the op alone, once per op (_describe):
-# (name, returns a view, classification kind, mutates an input, host factory kind, the C++ callable).
+# What the dispatch path decides from the op alone, once per op (_describe), by id(op) (an
+# OpOverload hashes in Python; the entry holds the op, so its id is never reused):
+# (name, returns a view, classification kind, mutates an input, host factory kind, the C++ callable, op).
 _K_OTHER, _K_SPECIAL = 0, 1
 _SPECIAL = frozenset(_COPIES + ("aten::copy_", "aten::lift_fresh") + _SCALAR_READS + _CLONES) | _DATA_DEPENDENT | {
     "aten::index"}
@@ -536,12 +541,13 @@ _op_info = {}
 
 def _describe(func):
     name = func._schema.name
-    info = _op_info[func] = (name, _is_view_op(func), _K_SPECIAL if name in _SPECIAL else _K_OTHER,
-                             func._schema.is_mutable, _factory_kind(func), getattr(func, "_op", func))
+    info = _op_info[id(func)] = (name, _is_view_op(func), _K_SPECIAL if name in _SPECIAL else _K_OTHER,
+                                 func._schema.is_mutable, _factory_kind(func), getattr(func, "_op", func), func)
     return info
 
 
 _Tensor = torch.Tensor
+_LIVE_MIN = 1 << 16
 _weakref = weakref.ref
 _NO_KWARGS = {}
 _getframe = sys._getframe
@@ -592,8 +598,10 @@ class Monitor(TorchDispatchMode):
         # The op now running: (site, args, float64-ness, op, whether it is the backward pass's).
         self._now = (None, (), False, None, False)
         self._site_at = None                      # (frame, line, site, via) of the latest op
-        self._live = {}                           # id(weakref) -> (site, step): npu tensors made by ops
-        self._drop_live = lambda r, live=self._live: live.pop(id(r), None)
+        # (weak reference, site, step) of the npu tensors made by ops: no callback when one dies
+        # (a Python call per tensor); the dead are dropped each step and when the list doubles.
+        self._live = []
+        self._live_limit = _LIVE_MIN
         self._start = time.perf_counter()
         # The loop finder (see _line_change): the live frames of user code on the stack of the
         # latest op, outermost first, and what it knows of each.
@@ -636,16 +644,15 @@ class Monitor(TorchDispatchMode):
         # without its two Python frames per op: no compilation of what runs in here.
         prior = _set_eval_frame(None)
         try:
-            info = _op_info.get(func)
+            info = _op_info.get(id(func))
             if info is None:
                 info = _describe(func)
             if kwargs is None:
                 kwargs = _NO_KWARGS
             # (inlined _scan: whether an npu tensor is among the arguments, whether a float64
-            # one is, the 16-bit floating dtype of one, the most elements of one among args)
+            # one is, the 16-bit floating dtype of one)
             npu = f64_in = False
             low = None
-            most = 0
             for a in args:
                 if isinstance(a, _Tensor):
                     if a.device in _npu_devices or (not a.is_cpu and a.device.type == "npu"):
@@ -655,9 +662,6 @@ class Monitor(TorchDispatchMode):
                             f64_in = True
                         elif dtype in _LOW_PRECISION:
                             low = dtype
-                        n = a.numel()
-                        if n > most:
-                            most = n
                 elif isinstance(a, (list, tuple)):
                     for t in a:
                         if isinstance(t, _Tensor) and (t.device in _npu_devices
@@ -668,9 +672,6 @@ class Monitor(TorchDispatchMode):
                                 f64_in = True
                             elif dtype in _LOW_PRECISION:
                                 low = dtype
-                            n = t.numel()
-                            if n > most:
-                                most = n
             if kwargs:
                 found, f64_kw, low_kw = self._scan((), kwargs)
                 npu = npu or found
@@ -761,7 +762,7 @@ class Monitor(TorchDispatchMode):
             if direct and not info[1]:
                 site.direct_ops += 1
                 site.direct_ns += ns
-                if most <= _TINY_ELEMENTS:
+                if _largest_npu(args) <= _TINY_ELEMENTS:
                     site.direct_small += 1
                 if site.call_frame is not frame:
                     site.call_frame, site.call_ops = frame, 0
@@ -797,8 +798,10 @@ class Monitor(TorchDispatchMode):
                         for a in kwargs.values():
                             if out is a:
                                 return out
-                        ref = _weakref(out, self._drop_live)
-                        self._live[id(ref)] = (ref, site, self.step)
+                        live = self._live
+                        live.append((_weakref(out), site, self.step))
+                        if len(live) > self._live_limit:
+                            self._prune_live()
                     return out
             self._classify(func, name, args, kwargs, out, site, ns, direct, f64_in, caller, frame)
             return out
@@ -1043,8 +1046,13 @@ class Monitor(TorchDispatchMode):
         for a in kwargs.values():
             if o is a:
                 return
-        ref = weakref.ref(o, self._drop_live)
-        self._live[id(ref)] = (ref, site, self.step)
+        self._live.append((weakref.ref(o), site, self.step))
+        if len(self._live) > self._live_limit:
+            self._prune_live()
+
+    def _prune_live(self):
+        self._live = [entry for entry in self._live if entry[0]() is not None]
+        self._live_limit = max(_LIVE_MIN, 2 * len(self._live))
 
     def _track(self, outs, args, kwargs, site):
         """Remembers which line made each new npu tensor, to name what is kept alive
@@ -1052,8 +1060,9 @@ class Monitor(TorchDispatchMode):
         for o in outs:
             if (isinstance(o, torch.Tensor) and o.device.type == "npu" and not o._is_view()
                     and not any(o is a for a in args) and not any(o is a for a in kwargs.values())):
-                ref = weakref.ref(o, self._drop_live)
-                self._live[id(ref)] = (ref, site, self.step)
+                self._live.append((weakref.ref(o), site, self.step))
+                if len(self._live) > self._live_limit:
+                    self._prune_live()
 
     # ---- host tensors made on the user's lines ----
 
@@ -1309,20 +1318,25 @@ class Monitor(TorchDispatchMode):
             site.steps_hit = site.h2d_steps = site.sync_steps = site.strided_steps = site.h2d_fresh_steps = 0
             site.last_step = site.h2d_last_step = site.sync_last_step = site.strided_last_step = -1
             site.h2d_fresh_last_step = -1
-        for key, (ref, site, made) in list(self._live.items()):
-            self._live[key] = (ref, site, 0)
+        self._live = [(ref, site, 0) for ref, site, _ in self._live if ref() is not None]
 
     def _count_kept(self):
         """Per line: in how many earlier steps did it make tensors that are still alive?"""
         old = self.step - 2   # this step's and the last one's tensors may be in use
         steps = collections.defaultdict(set)
         kept = collections.defaultdict(list)
-        for ref, site, made in list(self._live.values()):
+        alive = []
+        for entry in self._live:
+            t = entry[0]()
+            if t is None:
+                continue
+            alive.append(entry)
+            made = entry[2]
             if made <= old and made > 0:
-                t = ref()
-                if t is not None:
-                    steps[site].add(made)
-                    kept[site].append(t)
+                steps[entry[1]].add(made)
+                kept[entry[1]].append(t)
+        self._live = alive
+        self._live_limit = max(_LIVE_MIN, 2 * len(alive))
         for site, made in steps.items():
             if len(made) > site.kept_steps:
                 site.kept_steps = len(made)
@@ -1419,9 +1433,9 @@ class FullPathMonitor(Monitor):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         info = _describe(func)
-        _op_info[func] = info[:2] + (_K_SPECIAL,) + info[3:]
+        _op_info[id(func)] = info[:2] + (_K_SPECIAL,) + info[3:]
         self._site_at = None
         try:
             return super().__torch_dispatch__(func, types, args, kwargs)
         finally:
-            _op_info.pop(func, None)
+            _op_info.pop(id(func), None)
