@@ -485,13 +485,17 @@ def _largest_npu(args):
     """The most elements of an npu tensor among ``args`` (lists included)."""
     most = 0
     for a in args:
-        if isinstance(a, torch.Tensor):
-            if a.device.type == "npu" and a.numel() > most:
-                most = a.numel()
+        if isinstance(a, _Tensor):
+            if a.device in _npu_devices or (not a.is_cpu and a.device.type == "npu"):
+                n = a.numel()
+                if n > most:
+                    most = n
         elif isinstance(a, (list, tuple)):
             for t in a:
-                if isinstance(t, torch.Tensor) and t.device.type == "npu" and t.numel() > most:
-                    most = t.numel()
+                if isinstance(t, _Tensor) and (t.device in _npu_devices or (not t.is_cpu and t.device.type == "npu")):
+                    n = t.numel()
+                    if n > most:
+                        most = n
     return most
 
 
@@ -526,6 +530,35 @@ def _factory_kind(func):
     return kind
 
 
+# What the dispatch path decides from the op alone, once per op (_describe), by id(op) (an
+# OpOverload hashes in Python; the entry holds the op, so its id is never reused):
+# (name, returns a view, classification kind, mutates an input, host factory kind, the C++ callable, op).
+_K_OTHER, _K_SPECIAL = 0, 1
+_SPECIAL = frozenset(_COPIES + ("aten::copy_", "aten::lift_fresh") + _SCALAR_READS + _CLONES) | _DATA_DEPENDENT | {
+    "aten::index"}
+_op_info = {}
+
+
+def _describe(func):
+    name = func._schema.name
+    info = _op_info[id(func)] = (name, _is_view_op(func), _K_SPECIAL if name in _SPECIAL else _K_OTHER,
+                                 func._schema.is_mutable, _factory_kind(func), getattr(func, "_op", func), func)
+    return info
+
+
+_Tensor = torch.Tensor
+_LIVE_MIN = 1 << 16
+_weakref = weakref.ref
+_NO_KWARGS = {}
+_getframe = sys._getframe
+_get_ident = threading.get_ident
+_eval_frame = torch._C._dynamo.eval_frame
+_set_eval_frame = _eval_frame.set_eval_frame
+# The npu devices (an npu tensor's device is one of them: a set lookup, where `device.type`
+# costs most of a microsecond); filled when a Monitor starts, after the npu's init.
+_npu_devices = set()
+
+
 class Monitor(TorchDispatchMode):
     """Collects per-line counters for every op that touches an npu tensor."""
 
@@ -536,8 +569,19 @@ class Monitor(TorchDispatchMode):
         # while dynamo and inductor compile and on while the compiled code runs.
         return True
 
+    @classmethod
+    def _should_skip_dynamo(cls):
+        # torch wraps a mode's __torch_dispatch__ in _disable_dynamo when this is True; ours
+        # turns dynamo off itself, at a fraction of the cost per op (see __torch_dispatch__).
+        return False
+
     def __init__(self, compare=None, watch_overflow=False):
         super().__init__()
+        if torch.npu.is_initialized():
+            _npu_devices.update(torch.device("npu", i) for i in range(torch.npu.device_count()))
+        # dynamo, running compiled code, leaves this frame alone (it turns dynamo off inside)
+        _eval_frame.set_code_exec_strategy(Monitor.__torch_dispatch__.__code__, _eval_frame._FrameExecStrategy(
+            _eval_frame._FrameAction.SKIP, _eval_frame._FrameAction.DEFAULT))
         # Count float16 results that overflowed to inf, per line (for a target chip that
         # saturates instead): a reduction per float16 op, kept on the npu, no wait.
         self.watch_overflow = watch_overflow
@@ -551,12 +595,13 @@ class Monitor(TorchDispatchMode):
         self.step_memory = []                     # (step, seconds, allocated, reserved) after each step
         self.step_times = []
         self.compare = compare                    # a _compare.Comparator or None
-        self._current = None                      # the site, args, float64-ness and op now running
-        self._current_args = ()
-        self._current_f64 = False
-        self._current_op = None
-        self._current_backward = False            # the op now running is the backward pass's
-        self._live = {}                           # id(weakref) -> (site, step): npu tensors made by ops
+        # The op now running: (site, args, float64-ness, op, whether it is the backward pass's).
+        self._now = (None, (), False, None, False)
+        self._site_at = None                      # (frame, line, site, via) of the latest op
+        # (weak reference, site, step) of the npu tensors made by ops: no callback when one dies
+        # (a Python call per tensor); the dead are dropped each step and when the list doubles.
+        self._live = []
+        self._live_limit = _LIVE_MIN
         self._start = time.perf_counter()
         # The loop finder (see _line_change): the live frames of user code on the stack of the
         # latest op, outermost first, and what it knows of each.
@@ -595,118 +640,183 @@ class Monitor(TorchDispatchMode):
         return site
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        npu_args, f64_in, low = self._scan(args, kwargs)
-        if not npu_args and not self._makes_npu(func, kwargs):
-            factory = _host_factory.get(func)
-            if factory is None:
-                factory = _factory_kind(func)
-            start = time.perf_counter_ns()   # the op's own host time (for the chip's projection)
-            try:
-                if factory or self._host_made:
-                    return self._host_op(func, args, kwargs, factory)
-                return func(*args, **kwargs)
-            finally:
-                self.host_op_ns[func] += time.perf_counter_ns() - start
-                self.host_op_calls[func] += 1
-        caller = sys._getframe(1)
-        frame, direct, below = user_frame_and_call(caller)
-        if frame is not None:
-            line = frame.f_lineno
-            if frame is self._top_frame:    # the same frame as the last op: at most its line moved
-                top = self._top
-                lasti = frame.f_lasti
-                # Another line, or this one run again: its instructions start over (a loop of one
-                # line), or a new call of a module from the same instruction.
-                if (line != top.line or lasti < top.lasti
-                        or (not direct and lasti == top.lasti and below is not top.below)):
-                    self._line_change(top, line)
-                top.lasti = lasti
-                if not direct:
-                    top.work = True
-                    top.below = below
-            else:
-                self._rewalk(frame, line, direct, below)
-            shown, via = site_frame(frame)
-            if via is None:
-                site = self._site(frame, line)
-            else:                          # inside an installed package: the user's line that called it
-                site = self._site(shown)
-                site.via[via] += 1
-            if self._thread == threading.get_ident():
-                # The autograd nodes made for this op (before it reached this mode): their
-                # backward runs where no Python frame names a line, so they name this one.
-                made = _next_sequence_nr()
-                if made != self._next_seq:
-                    for seq in range(self._next_seq, made):
-                        self._seq_site[seq] = site
-                    self._next_seq = made
-        else:   # autograd's thread, or no user frame at all: the backward pass (resolved when it matters)
-            site = self.backward_caller or self._site_unknown()
-        name = func._schema.name
-        previous = self._current, self._current_args, self._current_f64, self._current_op, self._current_backward
-        self._current, self._current_args, self._current_f64, self._current_op = site, args, f64_in, func
-        self._current_backward = frame is None
-        comparing = self.compare is not None and self.compare.wants(func)
-        if comparing:
-            host_args, host_kwargs = self.compare.to_host(args, kwargs)
-        start = time.perf_counter_ns()
-        if self._waited_at is not None:   # the first launch after a host wait
-            self._waited_at[0].sync_gap_ns += start - self._waited_at[1]
-            self._waited_at = None
+        # What torch's own wrapper (_disable_dynamo) does around a mode's __torch_dispatch__,
+        # without its two Python frames per op: no compilation of what runs in here.
+        prior = _set_eval_frame(None)
         try:
-            out = func(*args, **kwargs)
-        finally:
-            (self._current, self._current_args, self._current_f64, self._current_op,
-             self._current_backward) = previous
-        ns = time.perf_counter_ns() - start
-        if comparing:
-            self.compare.check(func, args, kwargs, out, host_args, host_kwargs, site)
-
-        self.total_ops += 1
-        self.op_calls[name] += 1
-        self.op_ns[name] += ns
-        site.ops += 1
-        site.ns += ns
-        site.op_names[name] += 1
-        if low is not None:
-            if low == torch.float16:
-                site.f16_ops += 1
-                # Not in the backward pass: scaled gradients overflow by design, and GradScaler
-                # reads the chip's overflow flag for them.
-                if self.watch_overflow and frame is not None:
-                    self._count_overflow(site, out)
+            info = _op_info.get(id(func))
+            if info is None:
+                info = _describe(func)
+            if kwargs is None:
+                kwargs = _NO_KWARGS
+            # (inlined _scan: whether an npu tensor is among the arguments, whether a float64
+            # one is, the 16-bit floating dtype of one)
+            npu = f64_in = False
+            low = None
+            for a in args:
+                if isinstance(a, _Tensor):
+                    if a.device in _npu_devices or (not a.is_cpu and a.device.type == "npu"):
+                        npu = True
+                        dtype = a.dtype
+                        if dtype in _FLOAT64:
+                            f64_in = True
+                        elif dtype in _LOW_PRECISION:
+                            low = dtype
+                elif isinstance(a, (list, tuple)):
+                    for t in a:
+                        if isinstance(t, _Tensor) and (t.device in _npu_devices
+                                                       or (not t.is_cpu and t.device.type == "npu")):
+                            npu = True
+                            dtype = t.dtype
+                            if dtype in _FLOAT64:
+                                f64_in = True
+                            elif dtype in _LOW_PRECISION:
+                                low = dtype
+            if kwargs:
+                found, f64_kw, low_kw = self._scan((), kwargs)
+                npu = npu or found
+                f64_in = f64_in or f64_kw
+                if low_kw is not None:
+                    low = low_kw
+                if not npu and self._makes_npu(func, kwargs):
+                    npu = True
+            if not npu:
+                return self._host_dispatch(func, args, kwargs, info[4])
+            caller = _getframe().f_back   # None on autograd's threads
+            if caller is self._top_frame and caller is not None:   # the user's frame called it, as its last op
+                frame, direct, below = caller, True, None
             else:
-                site.bf16_ops += 1
-        if site.last_step != self.step:
-            site.last_step = self.step
-            site.steps_hit += 1
-        if direct and not _is_view_op(func):
-            site.direct_ops += 1
-            site.direct_ns += ns
-            if _largest_npu(args) <= _TINY_ELEMENTS:
-                site.direct_small += 1
-            if site.call_frame is not frame:
-                site.call_frame, site.call_ops = frame, 0
-                parent = frame.f_back
-                if parent is not None:
-                    kind = _internal_code.get(parent.f_code)
-                    if kind is None:
-                        path = parent.f_code.co_filename
-                        kind = _internal_code[parent.f_code] = (_is_internal(path), path.startswith(_PLUMBING))
-                    if kind[0]:
-                        parent = None   # called through PyTorch (a module's forward): one call each
-                if parent is None or site.parent_frame is not parent:
-                    site.parent_frame, site.parent_ops = parent, 0
-            site.call_ops += 1
-            site.parent_ops += 1
-            most = site.call_ops if site.parent_frame is None else site.parent_ops
-            if most > site.most_ops_per_call:
-                site.most_ops_per_call = most
-            if site.loop is None and self._ctx is not None:
-                site.loop = self._ctx.loop
-        self._classify(func, name, args, kwargs, out, site, ns, direct, f64_in, caller, frame)
-        return out
+                frame, direct, below = user_frame_and_call(caller)
+            if frame is not None:
+                line = frame.f_lineno
+                if frame is self._top_frame:    # the same frame as the last op: at most its line moved
+                    top = self._top
+                    lasti = frame.f_lasti
+                    # Another line, or this one run again: its instructions start over (a loop of one
+                    # line), or a new call of a module from the same instruction.
+                    if (line != top.line or lasti < top.lasti
+                            or (not direct and lasti == top.lasti and below is not top.below)):
+                        self._line_change(top, line)
+                    top.lasti = lasti
+                    if not direct:
+                        top.work = True
+                        top.below = below
+                else:
+                    self._rewalk(frame, line, direct, below)
+                # The site of a frame's line is the same each time (its callers are fixed while it runs).
+                cached = self._site_at
+                if cached is not None and cached[0] is frame and cached[1] == line:
+                    site, via = cached[2], cached[3]
+                else:
+                    shown, via = site_frame(frame)
+                    site = self._site(frame, line) if via is None else self._site(shown)
+                    self._site_at = (frame, line, site, via)
+                if via is not None:            # inside an installed package: the user's line that called it
+                    site.via[via] += 1
+                if self._thread == _get_ident():
+                    # The autograd nodes made for this op (before it reached this mode): their
+                    # backward runs where no Python frame names a line, so they name this one.
+                    made = _next_sequence_nr()
+                    if made != self._next_seq:
+                        for seq in range(self._next_seq, made):
+                            self._seq_site[seq] = site
+                        self._next_seq = made
+            else:   # autograd's thread, or no user frame at all: the backward pass (resolved when it matters)
+                site = self.backward_caller or self._site_unknown()
+            name = info[0]
+            previous = self._now
+            self._now = (site, args, f64_in, func, frame is None)
+            comparing = self.compare is not None and self.compare.wants(func)
+            if comparing:
+                host_args, host_kwargs = self.compare.to_host(args, kwargs)
+            start = time.perf_counter_ns()
+            if self._waited_at is not None:   # the first launch after a host wait
+                self._waited_at[0].sync_gap_ns += start - self._waited_at[1]
+                self._waited_at = None
+            try:
+                out = info[5](*args, **kwargs)   # func(), without OpOverload.__call__'s frame
+            finally:
+                self._now = previous
+            ns = time.perf_counter_ns() - start
+            if comparing:
+                self.compare.check(func, args, kwargs, out, host_args, host_kwargs, site)
+
+            self.total_ops += 1
+            self.op_calls[name] += 1
+            self.op_ns[name] += ns
+            site.ops += 1
+            site.ns += ns
+            site.op_names[name] += 1
+            if low is not None:
+                if low == torch.float16:
+                    site.f16_ops += 1
+                    # Not in the backward pass: scaled gradients overflow by design, and GradScaler
+                    # reads the chip's overflow flag for them.
+                    if self.watch_overflow and frame is not None:
+                        self._count_overflow(site, out)
+                else:
+                    site.bf16_ops += 1
+            if site.last_step != self.step:
+                site.last_step = self.step
+                site.steps_hit += 1
+            if direct and not info[1]:
+                site.direct_ops += 1
+                site.direct_ns += ns
+                if _largest_npu(args) <= _TINY_ELEMENTS:
+                    site.direct_small += 1
+                if site.call_frame is not frame:
+                    site.call_frame, site.call_ops = frame, 0
+                    parent = frame.f_back
+                    if parent is not None:
+                        kind = _internal_code.get(parent.f_code)
+                        if kind is None:
+                            path = parent.f_code.co_filename
+                            kind = _internal_code[parent.f_code] = (_is_internal(path), path.startswith(_PLUMBING))
+                        if kind[0]:
+                            parent = None   # called through PyTorch (a module's forward): one call each
+                    if parent is None or site.parent_frame is not parent:
+                        site.parent_frame, site.parent_ops = parent, 0
+                site.call_ops += 1
+                site.parent_ops += 1
+                most = site.call_ops if site.parent_frame is None else site.parent_ops
+                if most > site.most_ops_per_call:
+                    site.most_ops_per_call = most
+                if site.loop is None and self._ctx is not None:
+                    site.loop = self._ctx.loop
+            # (an op that copies, reads or writes nothing the classification looks at, with no
+            # float64 in: only its outputs' dtype and whether they are new npu tensors matter)
+            if info[2] == _K_OTHER and not info[3] and not f64_in:
+                if isinstance(out, _Tensor):
+                    if out.dtype in _FLOAT64:
+                        self._classify(func, name, args, kwargs, out, site, ns, direct, f64_in, caller, frame)
+                    elif out._base is None and (out.device in _npu_devices
+                                                or (not out.is_cpu and out.device.type == "npu")):
+                        # (inlined _track_one: a new npu tensor, not a view, not an input returned)
+                        for a in args:
+                            if out is a:
+                                return out
+                        for a in kwargs.values():
+                            if out is a:
+                                return out
+                        live = self._live
+                        live.append((_weakref(out), site, self.step))
+                        if len(live) > self._live_limit:
+                            self._prune_live()
+                    return out
+            self._classify(func, name, args, kwargs, out, site, ns, direct, f64_in, caller, frame)
+            return out
+        finally:
+            _set_eval_frame(prior)
+
+    def _host_dispatch(self, func, args, kwargs, factory):
+        start = time.perf_counter_ns()   # the op's own host time (for the chip's projection)
+        try:
+            if factory or self._host_made:
+                return self._host_op(func, args, kwargs, factory)
+            return func(*args, **kwargs)
+        finally:
+            self.host_op_ns[func] += time.perf_counter_ns() - start
+            self.host_op_calls[func] += 1
 
     @staticmethod
     def _count_overflow(site, out):
@@ -926,15 +1036,33 @@ class Monitor(TorchDispatchMode):
             site.strided_steps += 1
         self._loop_hit(site, "strided")
 
+    def _track_one(self, o, args, kwargs, site):
+        """_track of one new npu tensor."""
+        if o._base is not None:   # a view (what _is_view() says, cheaper)
+            return
+        for a in args:
+            if o is a:
+                return
+        for a in kwargs.values():
+            if o is a:
+                return
+        self._live.append((weakref.ref(o), site, self.step))
+        if len(self._live) > self._live_limit:
+            self._prune_live()
+
+    def _prune_live(self):
+        self._live = [entry for entry in self._live if entry[0]() is not None]
+        self._live_limit = max(_LIVE_MIN, 2 * len(self._live))
+
     def _track(self, outs, args, kwargs, site):
         """Remembers which line made each new npu tensor, to name what is kept alive
         (not the inputs an in-place or out= op returns)."""
         for o in outs:
             if (isinstance(o, torch.Tensor) and o.device.type == "npu" and not o._is_view()
                     and not any(o is a for a in args) and not any(o is a for a in kwargs.values())):
-                live = self._live
-                ref = weakref.ref(o, lambda r, live=live: live.pop(id(r), None))
-                live[id(ref)] = (ref, site, self.step)
+                self._live.append((weakref.ref(o), site, self.step))
+                if len(self._live) > self._live_limit:
+                    self._prune_live()
 
     # ---- host tensors made on the user's lines ----
 
@@ -1105,34 +1233,34 @@ class Monitor(TorchDispatchMode):
     def forget_frames(self):
         """Lets go of the frames the loop finder and the launch counters hold."""
         self._chain, self._index = [], {}
-        self._top = self._top_frame = self._ctx = None
+        self._top = self._top_frame = self._ctx = self._site_at = None
         self.release_frames()
 
     # ---- events from outside the dispatch mode ----
 
     def on_fallback(self, op, reason):
-        site = self._current
+        site, current_args, current_f64, current_op, current_backward = self._now
         if site is None:  # an op the mode did not see (printing runs with modes off)
             caller = sys._getframe(1)
             if on_users_behalf(caller):
                 return    # the reductions of printing a tensor: part of the print, found as a sync
             frame, _ = user_frame(caller)
             site = self._site(site_frame(frame)[0]) if frame is not None else self._site_unknown()
-        elif reason == "dtype" and self._current_f64 and on_users_behalf(sys._getframe(1)):
+        elif reason == "dtype" and current_f64 and on_users_behalf(sys._getframe(1)):
             return        # GradScaler's float64 reciprocal of the scale
-        if reason == "dtype" and self._current_f64:
+        if reason == "dtype" and current_f64:
             reason = "float64"
-        if self._current_backward:   # at the line whose forward the backward pass is for
+        if current_backward:   # at the line whose forward the backward pass is for
             site = self._forward_site() or site
         site.fallbacks[(op, reason)] += 1
-        if self._current_backward:
+        if current_backward:
             site.fallback_backward[op] += 1
-        if self._current_op is not None:   # the op the user's line ran, which fell back inside
+        if current_op is not None:   # the op the user's line ran, which fell back inside
             parents = site.fallback_parents.setdefault(op, collections.Counter())
-            schema = self._current_op._schema
+            schema = current_op._schema
             parents[schema.name + (f".{schema.overload_name}" if schema.overload_name else "")] += 1
         dtypes = site.fallback_dtypes.setdefault(op, set())
-        for a in self._current_args:
+        for a in current_args:
             for t in (a if isinstance(a, (list, tuple)) else (a,)):
                 if isinstance(t, torch.Tensor) and t.device.type == "npu":
                     dtypes.add(str(t.dtype).replace("torch.", ""))
@@ -1190,20 +1318,25 @@ class Monitor(TorchDispatchMode):
             site.steps_hit = site.h2d_steps = site.sync_steps = site.strided_steps = site.h2d_fresh_steps = 0
             site.last_step = site.h2d_last_step = site.sync_last_step = site.strided_last_step = -1
             site.h2d_fresh_last_step = -1
-        for key, (ref, site, made) in list(self._live.items()):
-            self._live[key] = (ref, site, 0)
+        self._live = [(ref, site, 0) for ref, site, _ in self._live if ref() is not None]
 
     def _count_kept(self):
         """Per line: in how many earlier steps did it make tensors that are still alive?"""
         old = self.step - 2   # this step's and the last one's tensors may be in use
         steps = collections.defaultdict(set)
         kept = collections.defaultdict(list)
-        for ref, site, made in list(self._live.values()):
+        alive = []
+        for entry in self._live:
+            t = entry[0]()
+            if t is None:
+                continue
+            alive.append(entry)
+            made = entry[2]
             if made <= old and made > 0:
-                t = ref()
-                if t is not None:
-                    steps[site].add(made)
-                    kept[site].append(t)
+                steps[entry[1]].add(made)
+                kept[entry[1]].append(t)
+        self._live = alive
+        self._live_limit = max(_LIVE_MIN, 2 * len(alive))
         for site, made in steps.items():
             if len(made) > site.kept_steps:
                 site.kept_steps = len(made)
@@ -1291,3 +1424,18 @@ class Sampler(threading.Thread):
 def install_fallback_observer(monitor):
     _fallback._observers.append(monitor.on_fallback)
     return lambda: _fallback._observers.remove(monitor.on_fallback)
+
+
+class FullPathMonitor(Monitor):
+    """A Monitor without its per-op shortcuts: each op described anew, its site looked up
+    again, every classification rule run. What the shortcuts must report the same as (the
+    tests compare the two); slower, otherwise the same."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        info = _describe(func)
+        _op_info[id(func)] = info[:2] + (_K_SPECIAL,) + info[3:]
+        self._site_at = None
+        try:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        finally:
+            _op_info.pop(id(func), None)
