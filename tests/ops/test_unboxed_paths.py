@@ -2,9 +2,12 @@
 
 native_layer_norm, its backward and index_select allocate their results in npu
 memory at the call, from metadata alone, and run the cpu kernel's compute step
-at once on an idle stream or queued behind the stream's work. Each must give the
-cpu's values, dtypes, shapes and strides and raise its errors; read its inputs
-in stream order; keep autograd and graph capture working.
+at once on an idle stream or queued behind the stream's work. Element-wise calls
+whose inputs the cpu converts (mixed dtypes, integer division) run their meta
+step at the call on meta tensors, and the cpu's meta step with its conversions
+in stream order. Each must give the cpu's values, dtypes, shapes and strides and
+raise its errors; read its inputs in stream order; keep autograd and graph
+capture working.
 """
 import pytest
 import torch
@@ -176,13 +179,22 @@ def test_index_select_non_contiguous_scalar_and_empty():
 
 def test_index_select_errors_like_cpu():
     x = torch.randn(4, 3)
-    cases = [(0, torch.tensor([0, 4])), (0, torch.tensor([-5])), (2, torch.tensor([0])),
-             (0, torch.tensor([[0]])), (0, torch.tensor([0.0])), (0, torch.tensor([0, 1], dtype=torch.int16))]
-    for dim, index in cases:
+    # What metadata shows raises at the call, as on the cpu.
+    for dim, index in [(2, torch.tensor([0])), (0, torch.tensor([[0]])), (0, torch.tensor([0.0])),
+                       (0, torch.tensor([0, 1], dtype=torch.int16))]:
         with pytest.raises((IndexError, RuntimeError)) as cpu_error:
             torch.index_select(x, dim, index)
         with pytest.raises(cpu_error.type) as npu_error:
             torch.index_select(x.npu(), dim, index.npu())
+        assert str(cpu_error.value).splitlines()[0] in str(npu_error.value)
+    # An index value out of range: the kernel's error, at the call on an idle stream,
+    # else (every kernel queued) at the next synchronisation, as a device reports it.
+    for index in (torch.tensor([0, 4]), torch.tensor([-5])):
+        with pytest.raises(IndexError) as cpu_error:
+            torch.index_select(x, 0, index)
+        with pytest.raises((IndexError, RuntimeError)) as npu_error:
+            torch.index_select(x.npu(), 0, index.npu())
+            torch.npu.synchronize()
         assert str(cpu_error.value).splitlines()[0] in str(npu_error.value)
 
 
@@ -299,3 +311,113 @@ def test_graph_capture_replays_the_ops():
     torch.npu.synchronize()
     assert_close(y.cpu(), F.layer_norm(new, (16,), w.cpu()))
     assert_close(sel.cpu(), new[[0, 0, 5]])
+
+
+# ---- element-wise calls that convert their inputs ---------------------------------------------
+
+
+def _mixed_operands():
+    g = torch.Generator().manual_seed(3)
+    return dict(
+        h=torch.randn(5, 4, generator=g).half(), f=torch.randn(5, 4, generator=g),
+        i=torch.randint(-9, 9, (5, 4), generator=g), j=torch.randint(1, 5, (5, 4), generator=g),
+        i32=torch.randint(-9, 9, (5, 4), generator=g, dtype=torch.int32),
+        m=torch.rand(5, 4, generator=g) > 0.5, col=torch.randn(5, 1, generator=g).double())
+
+
+MIXED = {
+    "half_times_float": lambda o: o["h"] * o["f"],
+    "int_true_divide": lambda o: o["i"] / o["j"],
+    "int_floor_divide": lambda o: torch.div(o["i"], o["j"], rounding_mode="floor"),
+    "int_trunc_divide": lambda o: torch.div(o["i"], o["j"], rounding_mode="trunc"),
+    "int_add": lambda o: o["i"] + o["j"],
+    "int32_plus_int64": lambda o: o["i32"] + o["i"],
+    "bool_mask_times_float": lambda o: o["m"] * o["f"],
+    "int_times_python_float": lambda o: o["i"] * 2.5,
+    "int_compare": lambda o: o["i"] < o["j"],
+    "half_compare_float": lambda o: o["h"] == o["f"],
+    "transposed_mix": lambda o: o["h"].t() + o["f"].t(),
+    "broadcast_double": lambda o: o["f"] - o["col"],
+    "int_sum": lambda o: o["i"].sum(),
+    "bool_sum": lambda o: o["m"].sum(),
+    "int_maximum": lambda o: torch.maximum(o["i"], o["j"]),
+    "int_pow": lambda o: o["i"].pow(2),
+    "int_neg": lambda o: -o["i"],
+    "float_add_half_in_place": lambda o: o["f"].add_(o["h"]),
+    "int_mul_in_place": lambda o: o["i"].mul_(o["j"]),
+    "float_mul_bool_in_place": lambda o: o["f"].mul_(o["m"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MIXED))
+def test_converting_calls_match_cpu(case):
+    ops = _mixed_operands()
+    expected = MIXED[case]({k: v.clone() for k, v in ops.items()})
+    got = MIXED[case]({k: v.npu() for k, v in ops.items()})
+    assert_like_cpu(got, expected)
+
+
+def test_converting_calls_raise_cpu_errors_at_the_call():
+    ops = _mixed_operands()
+    for f in (lambda o: o["i"].add_(o["f"]), lambda o: o["i"] + o["f"][:3], lambda o: o["m"].mul_(o["h"])):
+        with pytest.raises(RuntimeError) as cpu_error:
+            f({k: v.clone() for k, v in ops.items()})
+        with pytest.raises(RuntimeError) as npu_error:
+            f({k: v.npu() for k, v in ops.items()})
+        assert str(cpu_error.value).splitlines()[0] in str(npu_error.value)
+
+
+def test_converting_in_place_over_own_memory_computes_like_cpu():
+    x = torch.arange(20).reshape(5, 4)
+    xn = x.npu()
+    x.add_(x[:, 0].clone().unsqueeze(1).double().long())
+    xn.add_(xn[:, 0].clone().unsqueeze(1))
+    assert_like_cpu(xn, x)
+
+
+CONVERTING_STREAM_ORDER = """
+    import torch, torch_npu
+    from torch.testing import assert_close
+    h = torch.zeros(256, device="npu", dtype=torch.float16)
+    i = torch.zeros(256, device="npu", dtype=torch.int64)
+    m = torch.zeros(256, device="npu", dtype=torch.bool)
+    f = torch.ones(256, device="npu")
+    torch.npu._sleep(30)
+    h.fill_(3)                                   # queued behind the sleep
+    i.fill_(7)
+    m.fill_(True)
+    results = {"half_times_float": h * f, "int_div": i / torch.full((256,), 2, device="npu"),
+               "mask": m * f, "int_plus_float_scalar": i + 0.5}
+    g = torch.ones(256, device="npu")
+    g.mul_(h)                                    # in place, converting self's operand
+    results["in_place"] = g
+    expected = {"half_times_float": 3.0, "int_div": 3.5, "mask": 1.0, "int_plus_float_scalar": 7.5,
+                "in_place": 3.0}
+    for name, r in results.items():
+        assert r.dtype == torch.float32, (name, r.dtype)
+        assert (r.cpu() == expected[name]).all(), (name, r.cpu()[:4])
+    print("ok")
+"""
+
+
+@pytest.mark.parametrize("env", [{}, {"NPU_EMU_ALWAYS_ENQUEUE": "1"}])
+def test_converting_calls_read_inputs_in_stream_order(run_python, env):
+    assert run_python(CONVERTING_STREAM_ORDER, env=env).stdout.strip().endswith("ok")
+
+
+def test_converting_calls_in_graph_capture():
+    h = torch.randn(6).half().npu()
+    f = torch.randn(6).npu()
+    i = torch.arange(6).npu()
+    _ = h * f
+    graph = torch.npu.NPUGraph()
+    with torch.npu.graph(graph):
+        y = h * f
+        z = i / 2
+    new_h, new_i = torch.randn(6).half(), torch.arange(6, 12)
+    h.copy_(new_h)
+    i.copy_(new_i)
+    graph.replay()
+    torch.npu.synchronize()
+    assert_close(y.cpu(), new_h * f.cpu())
+    assert_close(z.cpu(), new_i / 2)

@@ -154,19 +154,22 @@ struct Capture<c10::string_view> {
 // Whether the fast path may take these arguments, and on which device.
 // The meta step runs at the call, on CPU aliases: ATen's TensorIterator on the
 // cpu converts an input whose dtype is not the computation's right there, which
-// would read device memory out of stream order. So every npu operand must have
-// one floating dtype, which must also be the promoted result's (noConversion);
-// other mixes take the generic kernel.
+// would read device memory out of stream order. So that path needs every npu
+// operand to have one floating dtype, which must also be the promoted result's
+// (noConversion); other mixes (float16 * float32, integer division, a bool mask
+// times a float) take the converting path (StructuredKernel::runConverting).
 struct FastPathCheck {
   const NativeKernel& kernel;
   std::optional<c10::Device> device;
   std::optional<c10::ScalarType> npu_dtype;
   at::native::ResultTypeState promotion{};
   bool ok = true;
+  bool mixed = false;  // npu operands of different dtypes
 
   // All npu operands share one floating dtype, the result's: no conversion at the call.
   bool noConversion() const {
-    return npu_dtype && c10::isFloatingType(*npu_dtype) && at::native::result_type(promotion) == *npu_dtype;
+    return !mixed && npu_dtype && c10::isFloatingType(*npu_dtype) &&
+           at::native::result_type(promotion) == *npu_dtype;
   }
 
   void operator()(const at::Tensor& t) {
@@ -174,7 +177,7 @@ struct FastPathCheck {
     promotion = at::native::update_result_type_state(t, promotion);
     if (t.device().type() == kNPU) {
       if (!kernel.accepts(t.scalar_type()) || (device && *device != t.device())) ok = false;
-      if (npu_dtype && *npu_dtype != t.scalar_type()) ok = false;
+      if (npu_dtype && *npu_dtype != t.scalar_type()) mixed = true;
       device = t.device();
       npu_dtype = t.scalar_type();
     } else if (!(t.device().is_cpu() && t.dim() == 0)) {
@@ -215,6 +218,40 @@ at::Tensor npuOutput(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::Tens
              : at::detail::empty_strided_generic(sizes, strides, npuAllocator(), kNPUKeys, dtype);
 }
 
+// A meta tensor of t's geometry and dtype, for a meta step that reads no data
+// and converts nothing; cpu operands (scalars) stay as they are.
+inline at::Tensor metaOf(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() != kNPU) return t;
+  at::Tensor meta = at::detail::empty_strided_meta(t.sizes(), t.strides(), t.scalar_type(), std::nullopt,
+                                                   std::nullopt, std::nullopt);
+  if (t.storage_offset() != 0) meta.unsafeGetTensorImpl()->set_storage_offset(t.storage_offset());
+  return meta;
+}
+
+// Whether `v` is an npu tensor over self's storage.
+template <class T>
+bool sharesMemoryWith(const at::Tensor& self, const T& v) {
+  if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+    return v.defined() && v.device().type() == kNPU && v.unsafeGetTensorImpl() != self.unsafeGetTensorImpl() &&
+           v.storage().is_alias_of(self.storage());
+  } else {
+    return false;
+  }
+}
+
+// An argument as a meta step on meta tensors takes it (metaOf).
+template <class T>
+struct MetaCapture {
+  static typename Capture<T>::type make(const std::decay_t<T>& v) {
+    Aliases unused;
+    return Capture<T>::make(v, unused);
+  }
+};
+template <>
+struct MetaCapture<const at::Tensor&> {
+  static at::Tensor make(const at::Tensor& t) { return metaOf(t); }
+};
+
 template <class Op, class MetaFn = decltype(&Op::Impl::meta)>
 struct StructuredKernel;
 
@@ -229,7 +266,7 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
     std::tuple<typename Capture<Args>::type...> args;
     at::Tensor out;        // the npu result, until run() takes it
     at::Tensor out_alias;  // its CPU alias, which the CPU kernel writes
-    bool in_place = false; // the output is the first argument (self's alias, the same tensor)
+    bool in_place = false; // the output is given: self's alias (in place), or a converting call's result
 
     template <class Tuple>
     explicit Call(Tuple&& captured) : args(std::forward<Tuple>(captured)) {}
@@ -294,10 +331,14 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
     const HostOpName named(Op::name);  // what a refusal by cpuAlias names
     FastPathCheck check{generic};
     (check(args), ...);
-    if (!check.ok || !check.device || !check.noConversion() || policy.retryOnKernelError() || graph::anyCapture() || !on_chip ||
+    if (!check.ok || !check.device || policy.retryOnKernelError() || graph::anyCapture() || !on_chip ||
         !chip.bfloat16 || !chip.inf_nan ||
         (policy.hasOpPolicies() && policy.opPolicy(Op::name) != dispatch::OpPolicy::Default)) {
       return run_generic();
+    }
+    if (!check.noConversion()) {
+      auto converted = runConverting(op, generic, *check.device, args...);
+      return converted.defined() ? converted : run_generic();
     }
     OnDevice guard(*check.device);
     Aliases aliases;
@@ -321,6 +362,45 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
     const auto index = check.device->index();
     if (!runIfIdle(index, Op::name, [&call] { call->runImpl(); }, bytes)) {
       launch(index, Op::name, [call] { call->runImpl(); }, bytes);
+    }
+    return out;
+  }
+
+  // A call whose inputs the cpu's meta step would convert (mixed dtypes, integer
+  // division): the meta step runs at the call on meta tensors, which shapes and
+  // types the result and raises the cpu's errors without reading or converting
+  // data; the cpu's meta step (with its conversions) and impl step then run
+  // together in stream order, on aliases, writing the result allocated here.
+  // Undefined: the generic kernel's call (a result dtype it must refuse).
+  static at::Tensor runConverting(const c10::OperatorHandle& op, const NativeKernel& generic, c10::Device device,
+                                  Args... args) {
+    OnDevice guard(device);
+    at::Tensor out;
+    {
+      Call shape(std::make_tuple(MetaCapture<Args>::make(args)...));
+      shape.runMeta();
+      out = std::move(shape.out);
+    }
+    const bool low_precision = out.scalar_type() == c10::kHalf || out.scalar_type() == c10::kBFloat16;
+    if (!generic.accepts(out.scalar_type()) || (low_precision && isCubeOp(op))) return {};
+    Aliases aliases;
+    auto call = std::make_shared<Call>(std::make_tuple(Capture<Args>::make(args, aliases)...));
+    call->in_place = true;  // the result is given
+    call->out_alias = cpuAlias(out);
+    const std::size_t bytes = aliases.bytes + bytesOf(out);
+    std::optional<runtime::tracing::WorkHint> work;
+    if (C10_UNLIKELY(profile::describingWork())) {
+      torch::jit::Stack stack;
+      torch::jit::push(stack, args...);
+      work.emplace(profile::workOf(op, stack));
+    }
+    const auto index = device.index();
+    auto run = [](Call& c) {
+      c.runMeta();
+      c.runImpl();
+    };
+    if (!runIfIdle(index, Op::name, [&call, &run] { run(*call); }, bytes)) {
+      launch(index, Op::name, [call, run] { run(*call); }, bytes);
     }
     return out;
   }
@@ -353,19 +433,50 @@ struct InPlaceKernel<Op, InPlaceName, void (M::*)(const at::Tensor&, Rest...)> {
     FastPathCheck check{generic};
     check(self);
     (check(rest), ...);
-    if (!check.ok || !self.defined() || self.device().type() != kNPU || !check.noConversion() ||
+    if (!check.ok || !self.defined() || self.device().type() != kNPU ||
         policy.retryOnKernelError() || graph::anyCapture() || !on_chip ||
         !chip.bfloat16 || !chip.inf_nan ||
         (policy.hasOpPolicies() && policy.opPolicy(InPlaceName) != dispatch::OpPolicy::Default)) {
       return run_generic();
     }
+    const bool converting = !check.noConversion();
+    // Meta tensors share no storage: an operand over self's memory (a.add_(a[0]))
+    // would miss the cpu's overlap check at the call; the generic kernel keeps it.
+    if (converting && (sharesMemoryWith(self, rest) || ...)) return run_generic();
     OnDevice guard(self.device());
+    if (converting) {
+      // Inputs the cpu's meta step would convert: that step, with its checks
+      // (the cast into self), runs here on meta tensors; the cpu's, with its
+      // conversions, runs with the impl step in stream order (runConverting).
+      at::Tensor self_meta = metaOf(self);
+      Call shape(std::make_tuple(self_meta, MetaCapture<Rest>::make(rest)...));
+      shape.in_place = true;
+      shape.out_alias = std::move(self_meta);
+      shape.runMeta();
+    }
     Aliases aliases;
     at::Tensor self_alias = Capture<const at::Tensor&>::make(self, aliases);
     auto call = std::make_shared<Call>(std::make_tuple(self_alias, Capture<Rest>::make(rest, aliases)...));
     const std::size_t bytes = aliases.bytes;
     call->in_place = true;
     call->out_alias = std::move(self_alias);  // the input's own alias: a full overlap, as on the cpu
+    if (converting) {
+      std::optional<runtime::tracing::WorkHint> work;
+      if (C10_UNLIKELY(profile::describingWork())) {
+        torch::jit::Stack stack;
+        torch::jit::push(stack, self, rest...);
+        work.emplace(profile::workOf(op, stack));
+      }
+      auto run = [](Call& c) {
+        c.runMeta();
+        c.runImpl();
+      };
+      const auto index = self.device().index();
+      if (!runIfIdle(index, InPlaceName, [&call, &run] { run(*call); }, bytes)) {
+        launch(index, InPlaceName, [call, run] { run(*call); }, bytes);
+      }
+      return self;
+    }
     call->runMeta();
     std::optional<runtime::tracing::WorkHint> work;
     if (C10_UNLIKELY(profile::describingWork())) {
@@ -430,7 +541,7 @@ at::Tensor catKernel(const at::ITensorListRef& tensors, int64_t dim) {
     check(t);
     npu_only = npu_only && t.defined() && t.device().type() == kNPU;
   }
-  if (!npu_only || !check.ok || !check.device || policy.retryOnKernelError() || graph::anyCapture() || !on_chip || !chip.bfloat16 ||
+  if (!npu_only || !check.ok || check.mixed || !check.device || policy.retryOnKernelError() || graph::anyCapture() || !on_chip || !chip.bfloat16 ||
       !chip.inf_nan || (policy.hasOpPolicies() && policy.opPolicy("aten::cat") != dispatch::OpPolicy::Default)) {
     return run_generic();
   }
