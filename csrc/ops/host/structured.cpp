@@ -11,9 +11,20 @@
 // every call while a graph captures: ATen's impl step may change the class's
 // TensorIterator (a CPU scalar operand is folded into the loop), so a replay
 // must build its own each time, as the generic kernel's recorded call does.
+// ATen's DispatchStub declares its per-capability kernels under macros that
+// PyTorch's own x86-64 build defines (AVX2, AVX512): calling a stub from here
+// (layer_norm's) needs the same declarations to link against libtorch_cpu.
+#if defined(__x86_64__) || defined(_M_X64)
+#define HAVE_AVX512_CPU_DEFINITION
+#define HAVE_AVX2_CPU_DEFINITION
+#define NPU_CALLS_ATEN_STUBS 1
+#else
+#define NPU_CALLS_ATEN_STUBS 0
+#endif
 #include <ATen/EmptyTensor.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/native/TypeProperties.h>
+#include <ATen/native/layer_norm.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/SmallVector.h>
@@ -32,6 +43,7 @@
 #include <ATen/ops/eq_native.h>
 #include <ATen/ops/exp_native.h>
 #include <ATen/ops/gelu_native.h>
+#include <ATen/ops/index_select_native.h>
 #include <ATen/ops/gt_native.h>
 #include <ATen/ops/log_native.h>
 #include <ATen/ops/lt_native.h>
@@ -52,6 +64,8 @@
 #include <ATen/ops/tanh_native.h>
 #include <ATen/ops/threshold_native.h>
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -140,19 +154,22 @@ struct Capture<c10::string_view> {
 // Whether the fast path may take these arguments, and on which device.
 // The meta step runs at the call, on CPU aliases: ATen's TensorIterator on the
 // cpu converts an input whose dtype is not the computation's right there, which
-// would read device memory out of stream order. So every npu operand must have
-// one floating dtype, which must also be the promoted result's (noConversion);
-// other mixes take the generic kernel.
+// would read device memory out of stream order. So that path needs every npu
+// operand to have one floating dtype, which must also be the promoted result's
+// (noConversion); other mixes (float16 * float32, integer division, a bool mask
+// times a float) take the converting path (StructuredKernel::runConverting).
 struct FastPathCheck {
   const NativeKernel& kernel;
   std::optional<c10::Device> device;
   std::optional<c10::ScalarType> npu_dtype;
   at::native::ResultTypeState promotion{};
   bool ok = true;
+  bool mixed = false;  // npu operands of different dtypes
 
   // All npu operands share one floating dtype, the result's: no conversion at the call.
   bool noConversion() const {
-    return npu_dtype && c10::isFloatingType(*npu_dtype) && at::native::result_type(promotion) == *npu_dtype;
+    return !mixed && npu_dtype && c10::isFloatingType(*npu_dtype) &&
+           at::native::result_type(promotion) == *npu_dtype;
   }
 
   void operator()(const at::Tensor& t) {
@@ -160,7 +177,7 @@ struct FastPathCheck {
     promotion = at::native::update_result_type_state(t, promotion);
     if (t.device().type() == kNPU) {
       if (!kernel.accepts(t.scalar_type()) || (device && *device != t.device())) ok = false;
-      if (npu_dtype && *npu_dtype != t.scalar_type()) ok = false;
+      if (npu_dtype && *npu_dtype != t.scalar_type()) mixed = true;
       device = t.device();
       npu_dtype = t.scalar_type();
     } else if (!(t.device().is_cpu() && t.dim() == 0)) {
@@ -201,6 +218,40 @@ at::Tensor npuOutput(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::Tens
              : at::detail::empty_strided_generic(sizes, strides, npuAllocator(), kNPUKeys, dtype);
 }
 
+// A meta tensor of t's geometry and dtype, for a meta step that reads no data
+// and converts nothing; cpu operands (scalars) stay as they are.
+inline at::Tensor metaOf(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() != kNPU) return t;
+  at::Tensor meta = at::detail::empty_strided_meta(t.sizes(), t.strides(), t.scalar_type(), std::nullopt,
+                                                   std::nullopt, std::nullopt);
+  if (t.storage_offset() != 0) meta.unsafeGetTensorImpl()->set_storage_offset(t.storage_offset());
+  return meta;
+}
+
+// Whether `v` is an npu tensor over self's storage.
+template <class T>
+bool sharesMemoryWith(const at::Tensor& self, const T& v) {
+  if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+    return v.defined() && v.device().type() == kNPU && v.unsafeGetTensorImpl() != self.unsafeGetTensorImpl() &&
+           v.storage().is_alias_of(self.storage());
+  } else {
+    return false;
+  }
+}
+
+// An argument as a meta step on meta tensors takes it (metaOf).
+template <class T>
+struct MetaCapture {
+  static typename Capture<T>::type make(const std::decay_t<T>& v) {
+    Aliases unused;
+    return Capture<T>::make(v, unused);
+  }
+};
+template <>
+struct MetaCapture<const at::Tensor&> {
+  static at::Tensor make(const at::Tensor& t) { return metaOf(t); }
+};
+
 template <class Op, class MetaFn = decltype(&Op::Impl::meta)>
 struct StructuredKernel;
 
@@ -215,7 +266,7 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
     std::tuple<typename Capture<Args>::type...> args;
     at::Tensor out;        // the npu result, until run() takes it
     at::Tensor out_alias;  // its CPU alias, which the CPU kernel writes
-    bool in_place = false; // the output is the first argument (self's alias, the same tensor)
+    bool in_place = false; // the output is given: self's alias (in place), or a converting call's result
 
     template <class Tuple>
     explicit Call(Tuple&& captured) : args(std::forward<Tuple>(captured)) {}
@@ -280,10 +331,14 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
     const HostOpName named(Op::name);  // what a refusal by cpuAlias names
     FastPathCheck check{generic};
     (check(args), ...);
-    if (!check.ok || !check.device || !check.noConversion() || policy.retryOnKernelError() || graph::anyCapture() || !on_chip ||
+    if (!check.ok || !check.device || policy.retryOnKernelError() || graph::anyCapture() || !on_chip ||
         !chip.bfloat16 || !chip.inf_nan ||
         (policy.hasOpPolicies() && policy.opPolicy(Op::name) != dispatch::OpPolicy::Default)) {
       return run_generic();
+    }
+    if (!check.noConversion()) {
+      auto converted = runConverting(op, generic, *check.device, args...);
+      return converted.defined() ? converted : run_generic();
     }
     OnDevice guard(*check.device);
     Aliases aliases;
@@ -307,6 +362,45 @@ struct StructuredKernel<Op, void (M::*)(Args...)> {
     const auto index = check.device->index();
     if (!runIfIdle(index, Op::name, [&call] { call->runImpl(); }, bytes)) {
       launch(index, Op::name, [call] { call->runImpl(); }, bytes);
+    }
+    return out;
+  }
+
+  // A call whose inputs the cpu's meta step would convert (mixed dtypes, integer
+  // division): the meta step runs at the call on meta tensors, which shapes and
+  // types the result and raises the cpu's errors without reading or converting
+  // data; the cpu's meta step (with its conversions) and impl step then run
+  // together in stream order, on aliases, writing the result allocated here.
+  // Undefined: the generic kernel's call (a result dtype it must refuse).
+  static at::Tensor runConverting(const c10::OperatorHandle& op, const NativeKernel& generic, c10::Device device,
+                                  Args... args) {
+    OnDevice guard(device);
+    at::Tensor out;
+    {
+      Call shape(std::make_tuple(MetaCapture<Args>::make(args)...));
+      shape.runMeta();
+      out = std::move(shape.out);
+    }
+    const bool low_precision = out.scalar_type() == c10::kHalf || out.scalar_type() == c10::kBFloat16;
+    if (!generic.accepts(out.scalar_type()) || (low_precision && isCubeOp(op))) return {};
+    Aliases aliases;
+    auto call = std::make_shared<Call>(std::make_tuple(Capture<Args>::make(args, aliases)...));
+    call->in_place = true;  // the result is given
+    call->out_alias = cpuAlias(out);
+    const std::size_t bytes = aliases.bytes + bytesOf(out);
+    std::optional<runtime::tracing::WorkHint> work;
+    if (C10_UNLIKELY(profile::describingWork())) {
+      torch::jit::Stack stack;
+      torch::jit::push(stack, args...);
+      work.emplace(profile::workOf(op, stack));
+    }
+    const auto index = device.index();
+    auto run = [](Call& c) {
+      c.runMeta();
+      c.runImpl();
+    };
+    if (!runIfIdle(index, Op::name, [&call, &run] { run(*call); }, bytes)) {
+      launch(index, Op::name, [call, run] { run(*call); }, bytes);
     }
     return out;
   }
@@ -339,19 +433,50 @@ struct InPlaceKernel<Op, InPlaceName, void (M::*)(const at::Tensor&, Rest...)> {
     FastPathCheck check{generic};
     check(self);
     (check(rest), ...);
-    if (!check.ok || !self.defined() || self.device().type() != kNPU || !check.noConversion() ||
+    if (!check.ok || !self.defined() || self.device().type() != kNPU ||
         policy.retryOnKernelError() || graph::anyCapture() || !on_chip ||
         !chip.bfloat16 || !chip.inf_nan ||
         (policy.hasOpPolicies() && policy.opPolicy(InPlaceName) != dispatch::OpPolicy::Default)) {
       return run_generic();
     }
+    const bool converting = !check.noConversion();
+    // Meta tensors share no storage: an operand over self's memory (a.add_(a[0]))
+    // would miss the cpu's overlap check at the call; the generic kernel keeps it.
+    if (converting && (sharesMemoryWith(self, rest) || ...)) return run_generic();
     OnDevice guard(self.device());
+    if (converting) {
+      // Inputs the cpu's meta step would convert: that step, with its checks
+      // (the cast into self), runs here on meta tensors; the cpu's, with its
+      // conversions, runs with the impl step in stream order (runConverting).
+      at::Tensor self_meta = metaOf(self);
+      Call shape(std::make_tuple(self_meta, MetaCapture<Rest>::make(rest)...));
+      shape.in_place = true;
+      shape.out_alias = std::move(self_meta);
+      shape.runMeta();
+    }
     Aliases aliases;
     at::Tensor self_alias = Capture<const at::Tensor&>::make(self, aliases);
     auto call = std::make_shared<Call>(std::make_tuple(self_alias, Capture<Rest>::make(rest, aliases)...));
     const std::size_t bytes = aliases.bytes;
     call->in_place = true;
     call->out_alias = std::move(self_alias);  // the input's own alias: a full overlap, as on the cpu
+    if (converting) {
+      std::optional<runtime::tracing::WorkHint> work;
+      if (C10_UNLIKELY(profile::describingWork())) {
+        torch::jit::Stack stack;
+        torch::jit::push(stack, self, rest...);
+        work.emplace(profile::workOf(op, stack));
+      }
+      auto run = [](Call& c) {
+        c.runMeta();
+        c.runImpl();
+      };
+      const auto index = self.device().index();
+      if (!runIfIdle(index, InPlaceName, [&call, &run] { run(*call); }, bytes)) {
+        launch(index, InPlaceName, [call, run] { run(*call); }, bytes);
+      }
+      return self;
+    }
     call->runMeta();
     std::optional<runtime::tracing::WorkHint> work;
     if (C10_UNLIKELY(profile::describingWork())) {
@@ -416,7 +541,7 @@ at::Tensor catKernel(const at::ITensorListRef& tensors, int64_t dim) {
     check(t);
     npu_only = npu_only && t.defined() && t.device().type() == kNPU;
   }
-  if (!npu_only || !check.ok || !check.device || policy.retryOnKernelError() || graph::anyCapture() || !on_chip || !chip.bfloat16 ||
+  if (!npu_only || !check.ok || check.mixed || !check.device || policy.retryOnKernelError() || graph::anyCapture() || !on_chip || !chip.bfloat16 ||
       !chip.inf_nan || (policy.hasOpPolicies() && policy.opPolicy("aten::cat") != dispatch::OpPolicy::Default)) {
     return run_generic();
   }
@@ -443,6 +568,219 @@ at::Tensor catKernel(const at::ITensorListRef& tensors, int64_t dim) {
   if (!runIfIdle(index, "aten::cat", [&call] { call->runImpl(); }, bytes)) {
     launch(index, "aten::cat", [call] { call->runImpl(); }, bytes);
   }
+  return out;
+}
+
+// ---- Unboxed paths for hot ops that have no structured kernel ----------------
+// native_layer_norm (three results), its backward, and index_select: their cpu
+// kernels allocate their outputs themselves, so the structured class above does
+// not fit. Each path here computes the outputs' geometry from metadata alone
+// (never device data), allocates them in npu memory at the call, and runs the
+// cpu kernel's own compute step on CPU aliases: at once when the stream is idle,
+// else queued with the aliases it owns. What the cpu kernel would do before its
+// compute step with data (a contiguous copy of a strided input) happens inside
+// that step, in stream order. Unusual calls, and every call while a graph
+// captures, take the generic kernel as before.
+
+// Whether nothing sends the call to the generic kernel: no op policy, no retry on
+// kernel errors, no capture, and a chip that runs the op natively.
+bool unboxedPathOpen(const char* name, bool on_chip) {
+  auto& policy = dispatch::FallbackPolicy::instance();
+  const auto& chip = profile::active();
+  return on_chip && chip.bfloat16 && chip.inf_nan && !policy.retryOnKernelError() && !graph::anyCapture() &&
+         !(policy.hasOpPolicies() && policy.opPolicy(name) != dispatch::OpPolicy::Default);
+}
+
+// An optional npu operand of these paths: absent, or on `device` with `dtype`.
+bool absentOrOn(const at::Tensor& t, c10::Device device, c10::ScalarType dtype) {
+  return !t.defined() || (t.device() == device && t.scalar_type() == dtype);
+}
+
+// Runs `call` (a copyable struct with run()) now when the stream is idle, else
+// queues it; the call holds only CPU aliases (core/launch.h).
+template <class CallT>
+void runOrQueue(c10::DeviceIndex index, const char* name, CallT& call, std::size_t bytes) {
+  if (!runIfIdle(index, name, [&call] { call.run(); }, bytes)) {
+    launch(index, name, [call = std::move(call)]() mutable { call.run(); }, bytes);
+  }
+}
+
+template <class... Args>
+void describeWork(std::optional<runtime::tracing::WorkHint>& work, const c10::OperatorHandle& op,
+                  const Args&... args) {
+  if (C10_LIKELY(!profile::describingWork())) return;
+  torch::jit::Stack stack;
+  torch::jit::push(stack, args...);
+  work.emplace(profile::workOf(op, stack));
+}
+
+at::Tensor contiguousNpu(c10::IntArrayRef sizes, c10::ScalarType dtype) {
+  return at::detail::empty_generic(sizes, npuAllocator(), kNPUKeys, dtype, std::nullopt);
+}
+
+constexpr char kLayerNorm[] = "aten::native_layer_norm";
+constexpr char kLayerNormBackward[] = "aten::native_layer_norm_backward";
+constexpr char kIndexSelect[] = "aten::index_select";
+
+#if NPU_CALLS_ATEN_STUBS
+struct LayerNormCall {
+  at::Tensor input, weight, bias;  // CPU aliases (weight, bias may be undefined)
+  at::Tensor out, mean, rstd;      // aliases of the npu results
+  int64_t M = 0;
+  int64_t N = 0;
+  double eps = 0;
+
+  // The cpu kernel's compute step (layer_norm_cpu): contiguous operands, then the stub.
+  void run() {
+    const auto X = input.expect_contiguous();
+    const auto gamma = weight.expect_contiguous();
+    const auto beta = bias.expect_contiguous();
+    at::native::LayerNormKernel(c10::kCPU, *X, *gamma, *beta, M, N, eps, &out, &mean, &rstd);
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layerNormKernel(const at::Tensor& input,
+                                                               c10::IntArrayRef normalized_shape,
+                                                               const std::optional<at::Tensor>& weight_opt,
+                                                               const std::optional<at::Tensor>& bias_opt,
+                                                               double eps) {
+  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(kLayerNorm, "");
+  static NativeKernel generic(floatingTypes());
+  static const bool on_chip = profile::runsNatively(profile::active(), op);
+  const at::Tensor& weight = weight_opt.has_value() ? *weight_opt : at::Tensor();
+  const at::Tensor& bias = bias_opt.has_value() ? *bias_opt : at::Tensor();
+  const auto dtype = input.scalar_type();
+  // One floating dtype for every operand: a mixed call (float16 input, float32
+  // weight) has float32 statistics, which the generic kernel handles.
+  if (!unboxedPathOpen(kLayerNorm, on_chip) || input.device().type() != kNPU || !c10::isFloatingType(dtype) ||
+      !generic.accepts(dtype) || !absentOrOn(weight, input.device(), dtype) ||
+      !absentOrOn(bias, input.device(), dtype)) {
+    torch::jit::Stack stack;
+    torch::jit::push(stack, input, normalized_shape, weight_opt, bias_opt, eps);
+    generic(op, kNPUKeys, &stack);
+    return {std::move(stack[0]).toTensor(), std::move(stack[1]).toTensor(), std::move(stack[2]).toTensor()};
+  }
+  const HostOpName named(kLayerNorm);
+  // The cpu's own checks, on metadata: its errors, raised at the call.
+  const auto [M, N] = at::native::_check_layer_norm_inputs(input, normalized_shape, weight, bias);
+  OnDevice guard(input.device());
+  // The cpu's results: Y contiguous like the input; mean and rstd of M elements,
+  // shaped as the input's batch dimensions followed by ones.
+  at::Tensor out = contiguousNpu(input.sizes(), dtype);
+  const std::size_t axis = input.dim() - normalized_shape.size();
+  c10::DimVector stat_shape(input.sizes().begin(), input.sizes().begin() + static_cast<std::ptrdiff_t>(axis));
+  stat_shape.resize(input.dim(), 1);
+  at::Tensor mean = contiguousNpu(stat_shape, dtype);
+  at::Tensor rstd = contiguousNpu(stat_shape, dtype);
+  LayerNormCall call{cpuAlias(input), cpuAlias(weight), cpuAlias(bias), cpuAlias(out), cpuAlias(mean),
+                     cpuAlias(rstd), M, N, eps};
+  const std::size_t bytes = bytesOf(input) + bytesOf(weight) + bytesOf(bias) + bytesOf(out) + 2 * bytesOf(mean);
+  std::optional<runtime::tracing::WorkHint> work;
+  describeWork(work, op, input, normalized_shape, weight_opt, bias_opt, eps);
+  runOrQueue(input.device().index(), kLayerNorm, call, bytes);
+  return {std::move(out), std::move(mean), std::move(rstd)};
+}
+
+struct LayerNormBackwardCall {
+  at::Tensor grad_out, input, mean, rstd, weight;  // CPU aliases
+  at::Tensor grad_input, grad_weight, grad_bias;   // aliases of the npu results (undefined: not asked)
+  int64_t M = 0;
+  int64_t N = 0;
+
+  // The cpu kernel's compute step (layer_norm_backward_cpu).
+  void run() {
+    const auto X = input.expect_contiguous();
+    const auto gamma = weight.expect_contiguous();
+    at::native::LayerNormBackwardKernel(c10::kCPU, grad_out, *X, mean, rstd, *gamma, M, N, &grad_input,
+                                        &grad_weight, &grad_bias);
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layerNormBackwardKernel(
+    const at::Tensor& grad_out, const at::Tensor& input, c10::IntArrayRef normalized_shape, const at::Tensor& mean,
+    const at::Tensor& rstd, const std::optional<at::Tensor>& weight_opt, const std::optional<at::Tensor>& bias_opt,
+    std::array<bool, 3> output_mask) {
+  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(kLayerNormBackward, "");
+  static NativeKernel generic(floatingTypes());
+  static const bool on_chip = profile::runsNatively(profile::active(), op);
+  const at::Tensor& weight = weight_opt.has_value() ? *weight_opt : at::Tensor();
+  const at::Tensor& bias = bias_opt.has_value() ? *bias_opt : at::Tensor();
+  const auto dtype = input.scalar_type();
+  const c10::Device device = input.device();
+  auto on = [&](const at::Tensor& t) { return t.defined() && t.device() == device && t.scalar_type() == dtype; };
+  // Unusual calls to the generic kernel: mixed dtypes, a gradient asked of an
+  // absent parameter, and no rows (M == 0: the cpu returns zeros without its kernel).
+  bool fast = unboxedPathOpen(kLayerNormBackward, on_chip) && device.type() == kNPU &&
+              c10::isFloatingType(dtype) && generic.accepts(dtype) && on(grad_out) && on(mean) && on(rstd) &&
+              absentOrOn(weight, device, dtype) && absentOrOn(bias, device, dtype) &&
+              (!output_mask[1] || weight.defined()) && (!output_mask[2] || bias.defined());
+  std::pair<int64_t, int64_t> M_N{0, 0};
+  if (fast) {
+    const HostOpName named(kLayerNormBackward);
+    M_N = at::native::_check_layer_norm_inputs(input, normalized_shape, weight, bias);
+    fast = M_N.first > 0;
+  }
+  if (!fast) {
+    torch::jit::Stack stack;
+    torch::jit::push(stack, grad_out, input, normalized_shape, mean, rstd, weight_opt, bias_opt, output_mask);
+    generic(op, kNPUKeys, &stack);
+    return {std::move(stack[0]).toTensor(), std::move(stack[1]).toTensor(), std::move(stack[2]).toTensor()};
+  }
+  const HostOpName named(kLayerNormBackward);
+  OnDevice guard(device);
+  at::Tensor grad_input = output_mask[0] ? contiguousNpu(input.sizes(), dtype) : at::Tensor();
+  at::Tensor grad_weight = output_mask[1] ? contiguousNpu(weight.sizes(), dtype) : at::Tensor();
+  at::Tensor grad_bias = output_mask[2] ? contiguousNpu(bias.sizes(), dtype) : at::Tensor();
+  LayerNormBackwardCall call{cpuAlias(grad_out),   cpuAlias(input),       cpuAlias(mean),
+                             cpuAlias(rstd),       cpuAlias(weight),      cpuAlias(grad_input),
+                             cpuAlias(grad_weight), cpuAlias(grad_bias), M_N.first,
+                             M_N.second};
+  const std::size_t bytes = 2 * bytesOf(grad_out) + bytesOf(input) + 2 * bytesOf(mean) + bytesOf(weight) +
+                            bytesOf(grad_input) + bytesOf(grad_weight) + bytesOf(grad_bias);
+  std::optional<runtime::tracing::WorkHint> work;
+  describeWork(work, op, grad_out, input, normalized_shape, mean, rstd, weight_opt, bias_opt, output_mask);
+  runOrQueue(device.index(), kLayerNormBackward, call, bytes);
+  return {std::move(grad_input), std::move(grad_weight), std::move(grad_bias)};
+}
+
+#endif  // NPU_CALLS_ATEN_STUBS
+
+struct IndexSelectCall {
+  at::Tensor self, index, out;  // CPU aliases
+  int64_t dim = 0;
+
+  // The cpu kernel's out= form on the result it would allocate (same geometry:
+  // its resize is a no-op); it checks every index, raising the cpu's IndexError.
+  void run() { at::native::index_select_out_cpu_(self, dim, index, out); }
+};
+
+at::Tensor indexSelectKernel(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
+  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(kIndexSelect, "");
+  static NativeKernel generic(floatingTypes() | integralTypes());
+  static const bool on_chip = profile::runsNatively(profile::active(), op);
+  const int64_t ndim = std::max<int64_t>(self.dim(), 1);
+  // The index on the same npu (a 0-dim cpu index, or one on another device, is
+  // the generic kernel's to take or refuse), and metadata the cpu accepts: else
+  // the generic kernel raises the cpu's error.
+  if (!unboxedPathOpen(kIndexSelect, on_chip) || self.device().type() != kNPU || !generic.accepts(self.scalar_type()) ||
+      index.device() != self.device() || (index.scalar_type() != c10::kLong && index.scalar_type() != c10::kInt) ||
+      index.dim() > 1 || (self.dim() == 0 && index.numel() != 1) || dim < -ndim || dim >= ndim) {
+    torch::jit::Stack stack;
+    torch::jit::push(stack, self, dim, index);
+    generic(op, kNPUKeys, &stack);
+    return std::move(stack.back()).toTensor();
+  }
+  const HostOpName named(kIndexSelect);
+  if (dim < 0) dim += ndim;
+  OnDevice guard(self.device());
+  c10::DimVector sizes(self.sizes().begin(), self.sizes().end());
+  if (self.dim() > 0) sizes[dim] = index.numel();
+  at::Tensor out = contiguousNpu(sizes, self.scalar_type());
+  IndexSelectCall call{cpuAlias(self), cpuAlias(index), cpuAlias(out), dim};
+  const std::size_t bytes = bytesOf(index) + 2 * bytesOf(out);
+  std::optional<runtime::tracing::WorkHint> work;
+  describeWork(work, op, self, dim, index);
+  runOrQueue(self.device().index(), kIndexSelect, call, bytes);
   return out;
 }
 
@@ -569,6 +907,15 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
     profile::governByChipList(c10::OperatorName(name, "Tensor"));
   }
   profile::governByChipList(c10::OperatorName("aten::cat", ""));
+  // The unboxed paths of ops without a structured kernel.
+#if NPU_CALLS_ATEN_STUBS
+  m.impl("native_layer_norm", TORCH_FN(layerNormKernel));
+  m.impl("native_layer_norm_backward", TORCH_FN(layerNormBackwardKernel));
+  profile::governByChipList(c10::OperatorName(kLayerNorm, ""));
+  profile::governByChipList(c10::OperatorName(kLayerNormBackward, ""));
+#endif
+  m.impl("index_select", TORCH_FN(indexSelectKernel));
+  profile::governByChipList(c10::OperatorName(kIndexSelect, ""));
 }
 
 }  // namespace npu::ops
