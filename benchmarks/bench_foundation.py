@@ -2,8 +2,10 @@
 
 1. Host time to allocate and free a tensor (torch.empty + del) on the npu, whose
    caching allocator hands back a cached block, against the cpu allocator.
-2. Bandwidth of cpu -> npu -> cpu copies of 64 MiB against a plain host memcpy
-   (torch's cpu ``dst.copy_(src)`` and ``numpy.copyto``) of the same size.
+2. Bandwidth of cpu -> npu -> cpu copies of 64 MiB against torch's own cpu
+   ``dst.copy_(src)`` of the same size between the same kind of memory (pageable,
+   or pinned for the pinned copies), timed interleaved; ``numpy.copyto`` (one
+   thread's memcpy) for scale.
 
 Every figure is the median of several repeats, each timing many iterations with
 time.perf_counter. Ratios are npu/cpu: for times above 1 means the npu is slower,
@@ -58,7 +60,10 @@ def bench_alloc(device, nbytes, iterations, repeats):
 
 
 def bench_copies(repeats, iterations):
-    """Seconds per copy of COPY_BYTES for each way of moving the bytes."""
+    """Seconds per copy of COPY_BYTES for each way of moving the bytes, and each one's
+    ratio to torch's cpu ``copy_``: the median over repeats of the ratio within one
+    repeat, where every way is timed in turn (interleaved), so that a change of the
+    host's load in the middle of a run moves the copies and the reference alike."""
     n = COPY_BYTES // 4
     src = torch.randn(n)
     host_dst = torch.empty(n)
@@ -86,25 +91,46 @@ def bench_copies(repeats, iterations):
         pinned_dst.copy_(npu_buf, non_blocking=True)
         torch.npu.synchronize()
 
+    # The reference copies the same bytes between the same kind of memory: pageable
+    # to pageable (the pageable copies' memory), and pinned to pinned.
     def torch_cpu_copy():
         host_dst.copy_(src)
+
+    def torch_cpu_copy_pinned():
+        pinned_dst.copy_(pinned_src)
 
     def numpy_copyto():
         np.copyto(np_dst, np_src)
 
-    results = {
-        "cpu->npu": median_time(h2d, iterations, repeats),
-        "npu->cpu": median_time(d2h, iterations, repeats),
-        "cpu->npu->cpu": median_time(round_trip, iterations, repeats),
-        "cpu->npu->cpu (.to/.cpu, allocating)": median_time(round_trip_allocating, iterations, repeats),
-        "cpu->npu->cpu (pinned, non_blocking)": median_time(round_trip_pinned_non_blocking, iterations, repeats),
-        "cpu copy_ (memcpy)": median_time(torch_cpu_copy, iterations, repeats),
-        "numpy.copyto (memcpy)": median_time(numpy_copyto, iterations, repeats),
+    ways = {
+        "cpu->npu": h2d,
+        "npu->cpu": d2h,
+        "cpu->npu->cpu": round_trip,
+        "cpu->npu->cpu (.to/.cpu, allocating)": round_trip_allocating,
+        "cpu->npu->cpu (pinned, non_blocking)": round_trip_pinned_non_blocking,
+        "cpu copy_ (memcpy)": torch_cpu_copy,
+        "cpu copy_ (pinned)": torch_cpu_copy_pinned,
+        "numpy.copyto (memcpy)": numpy_copyto,
     }
+    for fn in ways.values():
+        fn()  # warm-up: caches, page faults, lazy initialisation
+    samples = {name: [] for name in ways}
+    for _ in range(repeats):
+        for name, fn in ways.items():
+            start = time.perf_counter()
+            for _ in range(iterations):
+                fn()
+            samples[name].append((time.perf_counter() - start) / iterations)
+    ratios = {}
+    for name in ways:
+        pinned = "pinned" in name
+        reference = samples["cpu copy_ (pinned)" if pinned else "cpu copy_ (memcpy)"]
+        copies = 2 if "->npu->" in name else 1  # a round trip is two copies
+        ratios[name] = statistics.median(copies * r / s for r, s in zip(reference, samples[name]))
     # Check that the copies copied.
     round_trip()
     assert torch.equal(host_dst, src), "the cpu->npu->cpu round trip changed the data"
-    return results
+    return {name: statistics.median(times) for name, times in samples.items()}, ratios
 
 
 def main(argv=None):
@@ -112,6 +138,7 @@ def main(argv=None):
     parser.add_argument("--json", metavar="PATH", help="also write the results to PATH as JSON")
     parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke test)")
     parser.add_argument("--repeats", type=int, default=5, help="repeats per figure (median taken)")
+    parser.add_argument("--copies", action="store_true", help="the copies only")
     args = parser.parse_args(argv)
     scale = 10 if args.quick else 1
     repeats = 3 if args.quick else args.repeats
@@ -135,24 +162,22 @@ def main(argv=None):
     print("Allocate + free (torch.empty, del): host time per call")
     print(f"{'size':>8} | {'npu us':>9} | {'cpu us':>9} | {'npu/cpu':>8}")
     print("-" * 44)
-    for label, nbytes, iterations in ALLOC_SIZES:
+    for label, nbytes, iterations in [] if args.copies else ALLOC_SIZES:
         npu_s = bench_alloc("npu", nbytes, max(1, iterations // scale), repeats)
         cpu_s = bench_alloc("cpu", nbytes, max(1, iterations // scale), repeats)
         row = {"npu_us": npu_s * 1e6, "cpu_us": cpu_s * 1e6, "ratio_npu_over_cpu": npu_s / cpu_s}
         results["alloc_free_us"][label] = row
         print(f"{label:>8} | {row['npu_us']:9.2f} | {row['cpu_us']:9.2f} | {row['ratio_npu_over_cpu']:7.2f}x")
 
-    copies = bench_copies(repeats, max(1, 10 // scale))
-    reference = copies["cpu copy_ (memcpy)"]
-    print(f"\nCopies of {COPY_BYTES // MiB} MiB: bandwidth (bytes moved / time); "
-          f"ratio = bandwidth / cpu copy_ bandwidth")
-    print(f"{'copy':>38} | {'ms':>8} | {'GB/s':>7} | {'vs memcpy':>9}")
+    copies, ratios = bench_copies(repeats, max(1, 10 // scale))
+    print(f"\nCopies of {COPY_BYTES // MiB} MiB: bandwidth (bytes moved / time); ratio = bandwidth / "
+          f"the bandwidth of torch's cpu copy_ between the same kind of memory (pageable or pinned), "
+          f"timed interleaved, median of the per-repeat ratios")
+    print(f"{'copy':>38} | {'ms':>8} | {'GB/s':>7} | {'vs copy_':>9}")
     print("-" * 72)
     for name, seconds in copies.items():
         moved = COPY_BYTES * (2 if "->npu->" in name else 1)
-        # A round trip moves the bytes twice: compare it with two memcpys.
-        ref_seconds = reference * (2 if "->npu->" in name else 1)
-        row = {"ms": seconds * 1e3, "GBps": moved / seconds / 1e9, "ratio_vs_cpu_copy": ref_seconds / seconds}
+        row = {"ms": seconds * 1e3, "GBps": moved / seconds / 1e9, "ratio_vs_cpu_copy": ratios[name]}
         results["copy_64MiB"][name] = row
         print(f"{name:>38} | {row['ms']:8.2f} | {row['GBps']:7.2f} | {row['ratio_vs_cpu_copy']:8.2f}x")
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "config.h"
+#include "parallel_copy.h"
 #include "protection.h"
 
 namespace npu::runtime::emu {
@@ -383,9 +384,12 @@ void EmuStream::workerLoop() {
 }
 
 void EmuStream::copy(void* dst, const void* src, std::size_t n, CopyKind kind) {
-  // Every kind is a memcpy: the emulated device memory is host memory.
+  // Every kind is a memcpy: the emulated device memory is host memory. A large
+  // one is shared with idle cores (parallel_copy.h), as many as the launching
+  // thread's intra-op thread count allows.
   if (n == 0) return;
-  Task task{tracing::copyName(kind), [dst, src, n] { std::memcpy(dst, src, n); }};
+  const int threads = n >= parallelCopyMinBytes() ? copyThreads() : 1;
+  Task task{tracing::copyName(kind), [dst, src, n, threads] { parallelCopy(dst, src, n, threads); }};
   task.stamp = tracing::LaunchStamp::now();
   task.kind = tracing::ActivityKind::Memcpy;
   task.bytes = n;

@@ -552,3 +552,119 @@ def test_fill_converts_to_the_tensor_dtype():
 def test_cross_device_copy_source_freed_before_copy_ran(async_results):
     r = scenario_result(async_results, "cross_device_copy_source_freed_early")
     assert r["values"] == [1.0], f"npu:1 received {r['values']} instead of the source's 1.0"
+
+
+# ---- large copies: the stream's copy shares them with helper threads ----------------------
+# A copy of at least 4 MiB is split into 512 KiB chunks that the copying thread and up to
+# torch.get_num_threads() - 1 helpers claim; the sizes below are several chunks and no
+# multiple of one, so the last chunk is partial.
+
+BIG = 9 * (1 << 20) + 12345
+
+
+def big_source(seed):
+    return torch.randint(0, 256, (BIG,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(params=[1, None, 4], ids=["1-thread", "default-threads", "4-threads"])
+def intra_op_threads(request):
+    before = torch.get_num_threads()
+    if request.param is not None:
+        torch.set_num_threads(request.param)
+    yield
+    torch.set_num_threads(before)
+
+
+def busy_side_stream():
+    """A long kernel on another stream, running while the copies under test run."""
+    side = torch.npu.Stream()
+    a = torch.randn(768, 768, device="npu")
+    with torch.npu.stream(side):
+        for _ in range(6):
+            a = a @ a / 768
+    return side, a
+
+
+@pytest.mark.usefixtures("intra_op_threads")
+def test_large_copies_every_direction_bit_for_bit():
+    side, busy = busy_side_stream()
+    x = big_source(1)
+    y = x.to("npu")  # pageable cpu -> npu
+    assert torch.equal(y.cpu(), x)  # npu -> pageable cpu
+    pinned = big_source(2).pin_memory()
+    y.copy_(pinned, non_blocking=True)  # pinned cpu -> npu, in stream order
+    back = torch.empty(BIG, dtype=torch.uint8, pin_memory=True)
+    back.copy_(y, non_blocking=True)  # npu -> pinned cpu
+    torch.npu.current_stream().synchronize()
+    assert torch.equal(back, pinned)
+    z = torch.empty(BIG, dtype=torch.uint8, device="npu")
+    z.copy_(y)  # npu -> npu
+    assert torch.equal(z.cpu(), pinned)
+    side.synchronize()
+    assert torch.isfinite(busy).all()
+
+
+@pytest.mark.usefixtures("intra_op_threads")
+def test_large_copy_after_queued_kernel_and_before_the_next():
+    # The copy reads what the kernel before it wrote, and the kernel after it reads the copy.
+    x = big_source(3)
+    y = x.to("npu")
+    y.add_(1)  # queued (or run) before the copy back
+    expected = x + 1
+    assert torch.equal(y.cpu(), expected)
+    y.copy_(x)  # overwrites the whole buffer, then a kernel reads it
+    y.mul_(3)
+    assert torch.equal(y.cpu(), x * 3)
+
+
+@pytest.mark.usefixtures("intra_op_threads")
+def test_large_copies_into_a_buffer_read_back_after_an_event():
+    side = torch.npu.Stream()
+    pinned = big_source(4).pin_memory()
+    buf = torch.empty(BIG, dtype=torch.uint8, device="npu")
+    out = torch.empty(BIG, dtype=torch.uint8, pin_memory=True)
+    with torch.npu.stream(side):
+        buf.copy_(pinned, non_blocking=True)
+        copied = side.record_event()
+    torch.npu.current_stream().wait_event(copied)
+    buf.record_stream(torch.npu.current_stream())
+    doubled = buf * 2
+    out.copy_(buf, non_blocking=True)
+    done = torch.npu.current_stream().record_event()
+    done.synchronize()
+    assert torch.equal(out, pinned)
+    assert torch.equal(doubled.cpu(), pinned * 2)
+
+
+@pytest.mark.usefixtures("intra_op_threads")
+def test_large_non_contiguous_and_converting_copies():
+    x = torch.randn(1500, 1025)  # ~6 MiB of float32
+    y = x.to("npu")
+    assert torch.equal(y.t().contiguous().cpu(), x.t().contiguous())
+    assert torch.equal(y.t().cpu(), x.t())
+    assert torch.equal(y.to(torch.float64).cpu(), x.to(torch.float64))
+    assert torch.equal(x.t().to("npu").cpu(), x.t())
+    assert_identical(x.to("npu", torch.float16).cpu(), x.to(torch.float16))
+    wide = torch.empty(1500, 1025, dtype=torch.float64)
+    wide.copy_(y)
+    assert torch.equal(wide, x.to(torch.float64))
+
+
+def test_large_copy_uses_helpers_only_as_torch_threads_allow():
+    # torch.set_num_threads(1) keeps a copy on one thread; with 2 threads one helper joins.
+    code = """
+        import os, torch, torch_npu
+        def helpers():
+            names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+            return names.count("npu_copy")
+        x = torch.randn(4 << 20)
+        torch.set_num_threads(1)
+        assert torch.equal(x.to("npu").cpu(), x)
+        one = helpers()
+        torch.set_num_threads(2)
+        assert torch.equal(x.to("npu").cpu(), x)
+        print(one, helpers())
+    """
+    from helpers import run_python
+    proc = run_python(code)
+    assert proc.stdout.split()[-2:] == ["0", "1"], proc.stdout
