@@ -185,6 +185,7 @@ struct Block {
   Block* prev = nullptr;   // neighbours inside the same segment
   Block* next = nullptr;
   bool mapped = true;      // false: address space of an expandable segment without memory
+  bool in_pool = false;    // in its pool's set (a free block out of it is held by a release)
   ExpandableSegment* expandable = nullptr;  // the expandable segment it lies in, if any
   std::vector<int64_t> stream_uses;
   std::shared_ptr<c10::GatheredContext> context;  // where it was allocated (when recorded)
@@ -246,6 +247,13 @@ class DeviceCache {
   // stream, so only blocks whose earlier work on the stream completed will do.
   Block* allocate(std::size_t requested, int64_t stream, bool for_host, std::unique_lock<std::mutex>& lock,
                   std::shared_ptr<c10::GatheredContext> context) {
+    if (parked_ != nullptr) {
+      if (Block* block = takeParked(requested, stream, for_host)) {
+        refused_by_fraction_ = false;
+        return finishAllocation(block, requested, stream, std::move(context));
+      }
+      settle();
+    }
     processPendingEvents();
     refused_by_fraction_ = false;
     const std::size_t size = roundSize(std::max(requested, std::size_t(1)));
@@ -294,6 +302,12 @@ class DeviceCache {
       }
     }
     splitIfWorthIt(block, size);
+    return finishAllocation(block, requested, stream, std::move(context));
+  }
+
+  Block* finishAllocation(Block* block, std::size_t requested, int64_t stream,
+                          std::shared_ptr<c10::GatheredContext> context) {
+    const bool small = block->small;
     block->allocated = true;
     block->requested = requested;
     block->context = g_history.record_state ? context : nullptr;
@@ -311,6 +325,7 @@ class DeviceCache {
   }
 
   void free(Block* block, std::shared_ptr<c10::GatheredContext> context) {
+    settle();
     block->allocated = false;
     block->free_position = runtimeStream(block->stream).position();
     block->freed_at = allocations_;
@@ -337,6 +352,10 @@ class DeviceCache {
       }
     }
     if (block->stream_uses.empty()) {
+      if (C10_LIKELY(parkable(block, uncached))) {
+        parked_ = block;
+        return;
+      }
       returnToPool(block);
       if (C10_UNLIKELY(uncached)) releaseUncachedSegments();
       return;
@@ -352,6 +371,96 @@ class DeviceCache {
     if (C10_UNLIKELY(uncached)) releaseUncachedSegments();  // idle streams' events have already passed
   }
 
+  // ---- the fast path: the last free, parked ----
+  // A tiny op frees a block and the next op asks for one of the same size: returning
+  // the block to its pool (a merge with its free neighbour: set erase, insert, a Block
+  // deleted) and taking it back (best fit, split: set erase, insert, a Block made) cost
+  // more than the op's kernel. So the last free of a small block of the general pool
+  // is parked: not yet returned. A request of its stream and rounded size takes it
+  // back when the pools would have given exactly it (checked below); anything else
+  // first settles it (returnToPool, as free would have done), so every other path,
+  // statistics, snapshots, emptyCache and the out-of-memory retry see the pools as if
+  // nothing was parked. Only the last free is parked: settling it is returnToPool in
+  // the order of the frees, so the pools and the statistics are those of the slow path.
+  void settle() {
+    if (C10_LIKELY(parked_ == nullptr)) return;
+    Block* block = parked_;
+    parked_ = nullptr;
+    returnToPool(block);
+  }
+
+ private:
+  bool parkable(const Block* block, bool uncached) const {
+    // Memory history records FREE_COMPLETED at returnToPool: keep its order there.
+    return block->small && block->pool == nullptr && !uncached && block->expandable == nullptr &&
+           !g_history.record_history.load(std::memory_order_relaxed);
+  }
+
+  // Free and in its pool: what returnToPool merges with.
+  static bool mergeable(const Block* block) {
+    return block != nullptr && block->mapped && block->isFree() && inPool(block);
+  }
+
+  // The parked block for a request, when returnToPool followed by the best fit and its
+  // split would have given back the same block and left the same free blocks; else
+  // nullptr (the caller settles it). Replays their statistics updates, so the counters,
+  // peaks and totals are the slow path's.
+  Block* takeParked(std::size_t requested, int64_t stream, bool for_host) {
+    Block* block = parked_;
+    if (block->stream != stream || !pending_.empty() || !active_pools_.empty() || !cachingGeneralPools()) {
+      return nullptr;
+    }
+    const std::size_t size = roundSize(std::max(requested, std::size_t(1)));
+    if (size != block->size) return nullptr;
+    Block* next = block->next;
+    // A free block before it would merge: the best fit would then start below it.
+    if (mergeable(block->prev)) return nullptr;
+    const bool merge_next = mergeable(next);
+    const std::size_t merged = merge_next ? size + next->size : size;
+    const uint64_t position = merge_next ? std::max(block->free_position, next->free_position) : block->free_position;
+    if (for_host && !runtimeStream(stream).passed(position)) return nullptr;
+    // takeBestFit: the pool's first block at or over `size` (in (stream, size, ptr) order)
+    // that the host may use must not come before the merged block.
+    Block key(nullptr, size, stream, false, nullptr);
+    int skipped = 0;
+    for (auto it = small_.lower_bound(&key); it != small_.end() && (*it)->stream == stream; ++it) {
+      const Block* other = *it;
+      if (other == next) continue;  // merged into the block
+      if (other->size > merged || (other->size == merged && other->ptr > block->ptr)) break;
+      if (for_host && !runtimeStream(stream).passed(other->free_position) && ++skipped < 4) continue;
+      return nullptr;  // the pools would give this one
+    }
+    parked_ = nullptr;
+    // returnToPool
+    updateStat(stats_.active, true, -1);
+    updateStat(stats_.active_bytes, true, -static_cast<int64_t>(size));
+    if (merge_next) {
+      // the merge takes `next` out and puts the merged block in; the best fit takes that
+      // out, and its split puts `next`'s bytes back, with the merged block's stamps
+      const bool merged_split = (block->prev != nullptr && block->prev->mapped) ||
+                                (next->next != nullptr && next->next->mapped);
+      splitStat(-1, next->size);
+      if (merged_split) {
+        splitStat(1, merged);
+        splitStat(-1, merged);
+      }
+      splitStat(1, next->size);
+      next->free_position = position;
+      next->freed_at = std::max(block->freed_at, next->freed_at);
+    } else if (block->isSplit()) {
+      splitStat(1, size);  // into the pool, and out again with nothing to split off
+      splitStat(-1, size);
+    }
+    return block;
+  }
+
+  // inactive_split of the small pool, as insertIntoPool and removeFromPool count it
+  void splitStat(int64_t count, std::size_t bytes) {
+    updateStat(stats_.inactive_split, true, count);
+    updateStat(stats_.inactive_split_bytes, true, count * static_cast<int64_t>(bytes));
+  }
+
+ public:
   // The general pools and those of released private pools: what emptyCache() and
   // the retry after a failed device allocation give back.
   std::vector<Pool*> generalAndFreeablePools() {
@@ -384,12 +493,13 @@ class DeviceCache {
       }
     }
     // Out of reach of other threads while we wait.
-    for (Block* block : segments) poolOf(block).erase(block);
+    for (Block* block : segments) eraseFromSet(block);
     for (Block* block : expandable) removeFromPool(block);
     stats_.num_sync_all_streams++;
     lock.unlock();
     rt().drain();  // kernel errors stay pending for their own synchronisation point
     lock.lock();
+    settle();  // a free by another thread meanwhile
     for (Block* block : segments) {
       if (!runtimeStream(block->stream).passed(block->free_position)) {
         insertIntoPool(block);  // queued behind a hold of this thread: still in use
@@ -696,7 +806,7 @@ class DeviceCache {
         else if (!block->isSplit()) done.push_back(block);
       }
       for (Block* block : done) {
-        pool->erase(block);
+        eraseFromSet(block);
         freeSegment(block);
       }
       for (Block* block : expandable) removeFromPool(block);  // as releaseCachedSegments: out, then unmapped
@@ -728,7 +838,7 @@ class DeviceCache {
         continue;
       }
       reserved -= block->size;
-      large_.erase(block);
+      eraseFromSet(block);
       freeSegment(block);
     }
   }
@@ -786,8 +896,14 @@ class DeviceCache {
 
   Pool& poolOf(Block* block) { return poolFor(block->pool, block->small); }
 
+  void eraseFromSet(Block* block) {
+    poolOf(block).erase(block);
+    block->in_pool = false;
+  }
+
   void insertIntoPool(Block* block) {
     poolOf(block).insert(block);
+    block->in_pool = true;
     if (block->isSplit()) {
       updateStat(stats_.inactive_split, block->small, 1);
       updateStat(stats_.inactive_split_bytes, block->small, static_cast<int64_t>(block->size));
@@ -795,7 +911,7 @@ class DeviceCache {
   }
 
   void removeFromPool(Block* block) {
-    poolOf(block).erase(block);
+    eraseFromSet(block);
     if (block->isSplit()) {
       updateStat(stats_.inactive_split, block->small, -1);
       updateStat(stats_.inactive_split_bytes, block->small, -static_cast<int64_t>(block->size));
@@ -886,7 +1002,7 @@ class DeviceCache {
     return expandable_.emplace(stream, std::move(segment)).first->second.get();
   }
 
-  bool inPool(Block* block) { return poolOf(block).count(block) != 0; }
+  static bool inPool(const Block* block) { return block->in_pool; }
 
   // Whether a block is mapped decides whether its neighbours count as split
   // (inactive_split): those in a pool leave it while that changes.
@@ -1077,6 +1193,7 @@ class DeviceCache {
   double fraction_ = 1.0;
   std::size_t allowed_ = kNoLimit;
   bool refused_by_fraction_ = false;
+  Block* parked_ = nullptr;  // the last free, not yet returned to its pool (settle())
   std::map<int64_t, std::unique_ptr<ExpandableSegment>> expandable_;  // by stream: the general large pool's
   int virtual_memory_ = -1;  // Capabilities::virtual_memory, asked once: -1 not yet
   std::size_t granularity_ = 1;
@@ -1133,7 +1250,7 @@ class NPUCachingAllocator final : public c10::DeviceAllocator {
     const bool for_host = holdingStream(device, stream);
     auto context = g_history.allocContext();  // Python's stack: gathered before the lock
     std::unique_lock<std::mutex> lock(mutex_);
-    auto& cache = deviceCache(device);
+    auto& cache = deviceCache(device, /*settle=*/false);
     Block* block = cache.allocate(n, stream, for_host, lock, std::move(context));
     if (block == nullptr) {
       const std::string summary = summaryLocked(device);
@@ -1182,7 +1299,7 @@ class NPUCachingAllocator final : public c10::DeviceAllocator {
     auto [block, device] = it->second;
     allocated_.erase(it);
     const auto size = static_cast<int64_t>(block->size);
-    deviceCache(device).free(block, std::move(context));
+    deviceCache(device, /*settle=*/false).free(block, std::move(context));
     reportToProfiler(ptr, -size, device);
   }
 
@@ -1282,6 +1399,8 @@ class NPUCachingAllocator final : public c10::DeviceAllocator {
 
   void recordHistory(const allocator::HistoryOptions& options) {
     std::lock_guard<std::mutex> lock(mutex_);
+    // a parked free completes before the history changes (no FREE_COMPLETED of it in a new trace)
+    for (auto& cache : devices_) cache->settle();
     g_history.record_state = options.record_state;
     g_history.record_history = options.record_history;
     g_history.context = static_cast<int>(options.context);
@@ -1402,12 +1521,20 @@ class NPUCachingAllocator final : public c10::DeviceAllocator {
  private:
   static void deleteBlock(void* ptr);
 
-  DeviceCache& deviceCache(c10::DeviceIndex device) {
+  // `settle`: the parked free goes back to its pool first (DeviceCache::settle), so that
+  // whatever reads or changes the pools sees them as the slow path left them.
+  // allocate and free (settle false) have checked the device (or a fork) already.
+  DeviceCache& deviceCache(c10::DeviceIndex device, bool settle = true) {
+    if (C10_LIKELY(!settle && device >= 0 && static_cast<std::size_t>(device) < devices_.size())) {
+      return *devices_[static_cast<std::size_t>(device)];
+    }
     checkDevice(device);
     while (static_cast<int>(devices_.size()) <= device) {
       devices_.push_back(std::make_unique<DeviceCache>(static_cast<c10::DeviceIndex>(devices_.size())));
     }
-    return *devices_[device];
+    auto& cache = *devices_[static_cast<std::size_t>(device)];
+    if (settle) cache.settle();
+    return cache;
   }
 
   std::map<std::string, int64_t> statsLocked(c10::DeviceIndex device) {
