@@ -136,25 +136,52 @@ void EmuStream::waitForSpaceLocked(std::unique_lock<std::mutex>& lock) {
   --space_waiters_;
 }
 
-void EmuStream::enqueueLocked(Task task) {
+void EmuStream::enqueueLocked(Task task, bool numbered) {
   if (tracing::projecting()) {
     task.release_epoch = g_release_epoch.load(std::memory_order_acquire);
     task.queued_at = std::chrono::steady_clock::now();
   }
+  // One step: the position and kQueued, so no claim slips in between with a later position.
+  uint64_t state = state_.load(std::memory_order_relaxed);
+  while (!state_.compare_exchange_weak(state, (state + (numbered ? kLaunch : 0)) | kQueued,
+                                       std::memory_order_acq_rel, std::memory_order_relaxed)) {
+  }
+  if (numbered) task.index = state / kLaunch + 1;
   queue_.push_back(std::move(task));
   queued_.fetch_add(1, std::memory_order_release);
   if (!worker_.joinable()) worker_ = std::thread([this] { workerLoop(); });
   if (worker_sleeping_) work_ready_.notify_one();
 }
 
-void EmuStream::finishInlineLocked() {
-  busy_ = false;
-  completed_.fetch_add(1, std::memory_order_release);
+uint64_t EmuStream::tryClaimIdle() {
+  uint64_t state = state_.load(std::memory_order_relaxed);
+  if ((state & (kBusy | kQueued)) != 0) return 0;
+  if (!state_.compare_exchange_strong(state, state + kLaunch + kBusy, std::memory_order_acq_rel,
+                                      std::memory_order_relaxed)) {
+    return 0;  // another thread claimed it, or queued work: the caller's slow path decides
+  }
+  return state / kLaunch + 1;
+}
+
+void EmuStream::finishInline() {
+  // Only the thread holding kBusy writes completed_; it is counted before kBusy
+  // clears, so whoever sees the stream idle sees the count too.
+  completed_.store(completed_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  const uint64_t before = state_.fetch_and(~kBusy, std::memory_order_acq_rel);
+  if ((before & (kQueued | kWaiter)) == 0) return;  // no one to wake (see state_)
+  std::lock_guard<std::mutex> lock(mutex_);
   if (queue_.empty()) {
     drained_.notify_all();
   } else {
     work_ready_.notify_one();
   }
+}
+
+void EmuStream::waitIdleLocked(std::unique_lock<std::mutex>& lock) {
+  if (idle()) return;
+  if (idle_waiters_++ == 0) state_.fetch_or(kWaiter, std::memory_order_acq_rel);  // before the test below
+  drained_.wait(lock, [this] { return idle(); });
+  if (--idle_waiters_ == 0) state_.fetch_and(~kWaiter, std::memory_order_acq_rel);
 }
 
 void EmuStream::launch(const char* name, Kernel kernel, std::size_t bytes) {
@@ -183,25 +210,34 @@ void EmuStream::runBlocking(Task& task) {
     return;
   }
   run(task);
-  std::unique_lock<std::mutex> lock(mutex_);
-  finishInlineLocked();
-  lock.unlock();
+  finishInline();
   throwPendingError();
 }
 
 uint64_t EmuStream::startBlocking() {
   std::unique_lock<std::mutex> lock(mutex_);
   if (heldByCallerLocked()) return 0;
-  drained_.wait(lock, [this] { return queue_.empty() && !busy_; });
-  throwPendingError();  // an earlier kernel's error first, before anything more runs
-  busy_ = true;
-  return launched_.fetch_add(1, std::memory_order_acq_rel) + 1;
+  for (;;) {
+    waitIdleLocked(lock);
+    throwPendingError();  // an earlier kernel's error first, before anything more runs
+    if (const uint64_t position = tryClaimIdle()) return position;
+  }
 }
 
 void EmuStream::submit(Task task, std::size_t bytes) {
   if (config_.blocking) {
     runBlocking(task);
     return;
+  }
+  // Idle stream: running here keeps stream order and saves the hand-off.
+  const bool may_inline = !config_.always_enqueue && bytes <= config_.inline_bytes && !tracing::projecting();
+  if (may_inline) {
+    if (const uint64_t position = tryClaimIdle()) {
+      task.index = position;
+      run(task);
+      finishInline();
+      return;
+    }
   }
   std::unique_lock<std::mutex> lock(mutex_);
   if (heldByCallerLocked()) {
@@ -213,18 +249,16 @@ void EmuStream::submit(Task task, std::size_t bytes) {
     return;
   }
   waitForSpaceLocked(lock);  // a full queue makes the host wait, as a device's launch queue does
-  task.index = launched_.fetch_add(1, std::memory_order_acq_rel) + 1;
-  if (!config_.always_enqueue && !busy_ && queue_.empty() && bytes <= config_.inline_bytes &&
-      !tracing::projecting()) {
-    // Idle stream: running here keeps stream order and saves the hand-off.
-    busy_ = true;
-    lock.unlock();
-    run(task);
-    lock.lock();
-    finishInlineLocked();
-    return;
+  if (may_inline) {
+    if (const uint64_t position = tryClaimIdle()) {  // became idle meanwhile
+      lock.unlock();
+      task.index = position;
+      run(task);
+      finishInline();
+      return;
+    }
   }
-  enqueueLocked(std::move(task));
+  enqueueLocked(std::move(task), true);
 }
 
 bool EmuStream::runIfIdle(const char* name, KernelRef kernel, std::size_t bytes) {
@@ -235,42 +269,31 @@ bool EmuStream::runIfIdle(const char* name, KernelRef kernel, std::size_t bytes)
       tracing::Scope traced(tracing::ActivityKind::Kernel, name, device_, id_, bytes);
       kernel();
     } catch (...) {
-      if (numbered) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        finishInlineLocked();
-      }
+      if (numbered) finishInline();
       throw;
     }
-    if (numbered) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      finishInlineLocked();
+    if (numbered) finishInline();
+    return true;
+  }
+  if (!config_.always_enqueue && bytes <= config_.inline_bytes && !tracing::projecting() && tryClaimIdle() != 0) {
+    try {
+      DeviceWork work(config_.protect);
+      tracing::Scope traced(tracing::ActivityKind::Kernel, name, device_, id_, bytes);
+      kernel();
+    } catch (...) {
+      finishInline();
+      throw;
     }
+    finishInline();
     return true;
   }
+  // A hold keeps the stream busy: an idle-looking stream is not the caller's.
+  if ((state_.load(std::memory_order_acquire) & kBusy) == 0) return false;
   std::unique_lock<std::mutex> lock(mutex_);
-  if (heldByCallerLocked()) {
-    lock.unlock();
-    tracing::Scope traced(tracing::ActivityKind::Kernel, name, device_, id_, bytes);
-    kernel();  // (the hold keeps device memory open)
-    return true;
-  }
-  if (config_.always_enqueue || busy_ || !queue_.empty() || bytes > config_.inline_bytes || tracing::projecting()) {
-    return false;
-  }
-  busy_ = true;
-  launched_.fetch_add(1, std::memory_order_acq_rel);
+  if (!heldByCallerLocked()) return false;
   lock.unlock();
-  try {
-    DeviceWork work(config_.protect);
-    tracing::Scope traced(tracing::ActivityKind::Kernel, name, device_, id_, bytes);
-    kernel();
-  } catch (...) {
-    lock.lock();
-    finishInlineLocked();
-    throw;
-  }
-  lock.lock();
-  finishInlineLocked();
+  tracing::Scope traced(tracing::ActivityKind::Kernel, name, device_, id_, bytes);
+  kernel();  // (the hold keeps device memory open)
   return true;
 }
 
@@ -282,11 +305,19 @@ void EmuStream::acquire() {
     ++hold_depth_;
     return;
   }
-  if (!busy_ && queue_.empty()) {
-    if (config_.protect) DeviceWork::begin();  // host code in stream order works as the device
-    busy_ = true;
+  uint64_t state = state_.load(std::memory_order_relaxed);
+  if ((state & (kBusy | kQueued)) == 0 &&
+      state_.compare_exchange_strong(state, state | kBusy, std::memory_order_acq_rel, std::memory_order_relaxed)) {
     holder_ = me;
     hold_depth_ = 1;
+    if (config_.protect) {
+      try {
+        DeviceWork::begin();  // host code in stream order works as the device
+      } catch (...) {
+        endHoldLocked(false);  // give the stream back, then report
+        throw;
+      }
+    }
     return;
   }
   // Behind the work already queued: the worker hands the stream over when it
@@ -295,16 +326,14 @@ void EmuStream::acquire() {
   hold.name = "host_execution";
   hold.hold = true;
   hold.holder = me;
-  enqueueLocked(std::move(hold));
+  enqueueLocked(std::move(hold), false);
   const int64_t start = tracing::enabled() ? tracing::nowNs() : 0;
   drained_.wait(lock, [&] { return hold_depth_ > 0 && holder_ == me; });
   if (config_.protect) {
     try {
       DeviceWork::begin();
     } catch (...) {
-      hold_depth_ = 1;  // give the stream back, then report
-      lock.unlock();
-      release();
+      endHoldLocked(false);  // give the stream back, then report (begin() counted nothing)
       throw;
     }
   }
@@ -317,9 +346,14 @@ void EmuStream::release() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!heldByCallerLocked()) return;
   if (--hold_depth_ > 0) return;
-  if (config_.protect) DeviceWork::end();
+  endHoldLocked(config_.protect);
+}
+
+void EmuStream::endHoldLocked(bool end_device_work) {
+  if (end_device_work) DeviceWork::end();
+  hold_depth_ = 0;
   holder_ = std::thread::id();
-  busy_ = false;
+  state_.fetch_and(~kBusy, std::memory_order_acq_rel);  // under the mutex: its waiters need no kWaiter
   if (queue_.empty()) {
     drained_.notify_all();
   } else {
@@ -343,16 +377,19 @@ void EmuStream::workerLoop() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     std::chrono::steady_clock::duration deferred{};
-    if (!queue_.empty() && !busy_ && !releasedLocked(queue_.front(), &deferred)) {
+    const bool busy = (state_.load(std::memory_order_acquire) & kBusy) != 0;
+    if (!queue_.empty() && !busy && !releasedLocked(queue_.front(), &deferred)) {
       work_ready_.wait_for(lock, deferred);   // releaseDeferred() wakes it sooner
       continue;
     }
-    if (!queue_.empty() && !busy_) {
+    if (!queue_.empty() && !busy) {
+      // kQueued is set, so no claim races: kBusy first, then kQueued off if this was the last.
+      state_.fetch_or(kBusy, std::memory_order_acq_rel);
       Task task = std::move(queue_.front());
       queue_.pop_front();
+      if (queue_.empty()) state_.fetch_and(~kQueued, std::memory_order_acq_rel);
       queued_.fetch_sub(1, std::memory_order_relaxed);
       if (space_waiters_ > 0) space_.notify_all();
-      busy_ = true;
       if (task.hold) {
         holder_ = task.holder;
         hold_depth_ = 1;
@@ -362,8 +399,8 @@ void EmuStream::workerLoop() {
       lock.unlock();
       run(task);
       lock.lock();
-      busy_ = false;
-      completed_.fetch_add(1, std::memory_order_release);
+      completed_.store(completed_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+      state_.fetch_and(~kBusy, std::memory_order_acq_rel);
       if (queue_.empty()) drained_.notify_all();
       continue;
     }
@@ -375,7 +412,8 @@ void EmuStream::workerLoop() {
       cpuRelax();
     }
     lock.lock();
-    if (!queue_.empty() && !busy_) continue;
+    // Work queued behind an inline kernel: its end wakes this wait (kQueued, see state_).
+    if (!queue_.empty() && (state_.load(std::memory_order_acquire) & kBusy) == 0) continue;
     if (stopping_ && queue_.empty()) return;
     worker_sleeping_ = true;
     work_ready_.wait(lock);
@@ -403,7 +441,7 @@ void EmuStream::drain() {
   if (heldByCallerLocked()) return;  // everything launched before the hold has run
   // Traced even when nothing is queued here: on a chip the work would still be running.
   const int64_t start = tracing::enabled() ? tracing::nowNs() : 0;
-  drained_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  waitIdleLocked(lock);
   lock.unlock();
   tracing::recordHostWait(tracing::kStreamSynchronize, device_, id_, start);
 }
@@ -415,8 +453,9 @@ void EmuStream::synchronize() {
 
 bool EmuStream::query() {
   releaseDeferred();
+  if (idle()) return true;
   std::lock_guard<std::mutex> lock(mutex_);
-  return queue_.empty() && (!busy_ || heldByCallerLocked());
+  return queue_.empty() && ((state_.load(std::memory_order_acquire) & kBusy) == 0 || heldByCallerLocked());
 }
 
 void EmuStream::wait(Event& event) {
@@ -432,7 +471,7 @@ void EmuStream::wait(Event& event) {
       return;
     }
     waitForSpaceLocked(lock);
-    enqueueLocked(Task{"event_wait", std::move(waiter), launched_.fetch_add(1, std::memory_order_acq_rel) + 1});
+    enqueueLocked(Task{"event_wait", std::move(waiter)}, true);
     return;
   }
   auto mark = static_cast<EmuEvent&>(event).currentMark();
@@ -458,7 +497,7 @@ void EmuStream::wait(Event& event) {
   }
   // A marker for the worker: the caller never blocks on it.
   waitForSpaceLocked(lock);
-  enqueueLocked(Task{"event_wait", std::move(marker), launched_.fetch_add(1, std::memory_order_acq_rel) + 1});  // not traced
+  enqueueLocked(Task{"event_wait", std::move(marker)}, true);  // not traced
 }
 
 std::shared_ptr<KernelFailure> EmuStream::pendingFailure() {

@@ -57,7 +57,7 @@ class EmuStream final : public Stream {
   void drain() override;
   bool query() override;
   void wait(Event& event) override;
-  uint64_t position() const override { return launched_.load(std::memory_order_acquire); }
+  uint64_t position() const override { return state_.load(std::memory_order_acquire) / kLaunch; }
   bool passed(uint64_t position) const override { return completed_.load(std::memory_order_acquire) >= position; }
 
   // Queues an event's marker: stream-ordered like a kernel, never traced.
@@ -103,10 +103,20 @@ class EmuStream final : public Stream {
   // launch() for kernels, copies and event markers alike.
   void submit(Task task, std::size_t bytes);
   void recordFailure(const char* name, uint64_t index, std::exception_ptr error);
-  void enqueueLocked(Task task);
+  // Queues `task`, numbered (a position) unless it is a hold.
+  void enqueueLocked(Task task, bool numbered);
   void waitForSpaceLocked(std::unique_lock<std::mutex>& lock);
-  void finishInlineLocked();
+  // The lock-free claim of an idle stream (the comment at state_): its
+  // position, or 0 when the stream is busy or has queued work.
+  uint64_t tryClaimIdle();
+  // Ends an inline kernel's claim; takes the lock only when someone waits.
+  void finishInline();
+  // Waits until nothing runs or is queued (drained_).
+  void waitIdleLocked(std::unique_lock<std::mutex>& lock);
+  bool idle() const { return (state_.load(std::memory_order_acquire) & (kBusy | kQueued)) == 0; }
   bool heldByCallerLocked() const;
+  // Gives the caller's hold back (hold_depth_ reached 0, or a failed acquire).
+  void endHoldLocked(bool end_device_work);
   void workerLoop();
 
   const int device_;
@@ -120,14 +130,34 @@ class EmuStream final : public Stream {
   std::condition_variable space_;         // the queue has room again
   int space_waiters_ = 0;
   std::deque<Task> queue_;
-  bool busy_ = false;      // a kernel is executing (worker or caller thread), or the stream is held
+  // The stream's state word. A launching thread claims an idle stream with one
+  // compare-exchange (0 -> kBusy, plus one launch) and ends the claim with one
+  // fetch_and, without the mutex. Everything else changes it under the mutex.
+  //   kBusy: a kernel executes (worker or caller thread), or the stream is held.
+  //   kQueued: queue_ is not empty (set and cleared under the mutex); no claim then.
+  //   kWaiter: a thread waits on drained_ (waitIdleLocked): the end of an inline
+  //     claim takes the mutex and notifies it.
+  //   the rest, in units of kLaunch: the launches, so a position is taken in the
+  //     same atomic step as the claim or the enqueue, and positions follow the order
+  //     the kernels run in.
+  // No lost wake-up: a sleeper (the worker on work_ready_ with kQueued set, a
+  // waiter on drained_ with kWaiter set) sets its bit, or sees it set, before it
+  // tests kBusy under the mutex. The fetch_and that clears kBusy comes after that
+  // bit in the word's modification order or before the test: either it sees the
+  // bit, then takes the mutex (so notifies after the sleeper waits), or the
+  // sleeper's test sees kBusy clear and does not sleep.
+  static constexpr uint64_t kBusy = 1;
+  static constexpr uint64_t kQueued = 2;
+  static constexpr uint64_t kWaiter = 4;
+  static constexpr uint64_t kLaunch = 8;
+  std::atomic<uint64_t> state_{0};
+  int idle_waiters_ = 0;   // threads in waitIdleLocked (kWaiter while > 0)
   std::thread::id holder_;
   int hold_depth_ = 0;
   bool stopping_ = false;
   bool worker_sleeping_ = false;
   std::atomic<std::size_t> queued_{0};  // lets the worker spin without the lock
-  std::atomic<uint64_t> launched_{0};
-  std::atomic<uint64_t> completed_{0};
+  std::atomic<uint64_t> completed_{0};  // written by the one thread that holds kBusy
   std::thread worker_;
 
   std::mutex error_mutex_;

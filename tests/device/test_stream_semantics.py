@@ -32,6 +32,78 @@ def child_json(run_python, code, env=None):
 
 # ---- ordering: kernels of one stream never overlap -------------------------------
 
+@pytest.mark.parametrize("n_streams", [1, 3])
+def test_threads_launching_while_others_hold_and_synchronize_match_the_cpu(n_streams):
+    # Launching threads claim idle streams without a lock: every kernel still runs
+    # alone and in stream order (a counter bumped from every thread stays exact),
+    # a hold sees no kernel run under it, and each thread's chain equals the cpu's.
+    n_threads, n_iters = 4, 150
+    torch.npu.synchronize()
+    streams = [torch.npu.current_stream()] + [torch.npu.Stream() for _ in range(n_streams - 1)]
+    counters = [torch.zeros(64, device="npu") for _ in streams]
+    chains = [torch.linspace(-1, 1, 96, device="npu").reshape(8, 12) + t for t in range(n_threads)]
+    starts = [c.cpu() for c in chains]
+    failures, stop = [], threading.Event()
+
+    def launcher(t):
+        try:
+            k = t % len(streams)
+            with torch.npu.stream(streams[k]):
+                x = chains[t]
+                for i in range(n_iters):
+                    counters[k].add_(1)
+                    x = (x * 0.5 + 1).exp().log().sub(0.25)
+                    if i % 16 == 0:
+                        x = torch.cat([x[:, :6], x[:, 6:]], dim=1).softmax(-1) * 12 + x.sum(1, keepdim=True) * 0
+                chains[t] = x
+        except Exception as e:  # noqa: BLE001 - reported below
+            failures.append(e)
+
+    def holder():
+        try:
+            while not stop.is_set():
+                for k, s in enumerate(streams):
+                    with torch.npu.stream(s):
+                        def look():
+                            a = counters[k].cpu()
+                            time.sleep(0.0005)
+                            b = counters[k].cpu()
+                            if not torch.equal(a, b) or not bool((a == a[0]).all()):
+                                failures.append(AssertionError(f"a kernel ran under a hold: {a} then {b}"))
+                        torch_npu._C._run_in_stream_order(s.device_index, "look", look)
+        except Exception as e:  # noqa: BLE001
+            failures.append(e)
+
+    def synchronizer():
+        while not stop.is_set():
+            torch.npu.synchronize()
+            for s in streams:
+                s.query()
+                s.synchronize()
+
+    launchers = [threading.Thread(target=launcher, args=(t,)) for t in range(n_threads)]
+    others = [threading.Thread(target=holder), threading.Thread(target=synchronizer)]
+    for th in launchers + others:
+        th.start()
+    for th in launchers:
+        th.join()
+    stop.set()
+    for th in others:
+        th.join()
+    torch.npu.synchronize()
+    assert not failures, failures
+    for k in range(len(streams)):
+        bumps = n_iters * sum(1 for t in range(n_threads) if t % len(streams) == k)
+        assert torch.equal(counters[k].cpu(), torch.full((64,), float(bumps)))
+    for t in range(n_threads):
+        x = starts[t]
+        for i in range(n_iters):
+            x = (x * 0.5 + 1).exp().log().sub(0.25)
+            if i % 16 == 0:
+                x = torch.cat([x[:, :6], x[:, 6:]], dim=1).softmax(-1) * 12 + x.sum(1, keepdim=True) * 0
+        torch.testing.assert_close(chains[t].cpu(), x)
+
+
 def test_host_executed_op_never_overlaps_a_kernel_of_another_thread():
     # One thread fills x again and again on the default stream; the other reads it
     # through an op that runs on the host (cat) and a synchronous copy (.cpu()).
