@@ -7,6 +7,7 @@
 #include <c10/core/TensorImpl.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 
+#include <atomic>
 #include <optional>
 
 #include "device.h"
@@ -41,6 +42,68 @@ at::Tensor cpuAliasOver(const at::Tensor& t, c10::Storage alias_storage) {
   impl->_set_conj(t.is_conj());
   impl->_set_neg(t.is_neg());
   return at::Tensor(std::move(impl));
+}
+
+namespace {
+// The pool of cpuAliasPooled: aliases this thread made, reused once no one else
+// holds them. Thread-local, so only this thread re-points them; another thread
+// (a stream worker running the kernel) only drops its references.
+struct AliasPool {
+  static constexpr int kSize = 8;
+  c10::intrusive_ptr<c10::TensorImpl> tensors[kSize];
+  int next = 0;  // where the search starts: the slots are used in turn
+};
+thread_local AliasPool t_alias_pool;
+
+// Whether `p` is held by the caller's reference alone. The acquire fence pairs
+// with the release of the last other holder's decrement (intrusive_ptr's is
+// acq_rel): what that thread did with the object happens before we re-point it.
+template <class T>
+bool soleOwner(const c10::intrusive_ptr<T>& p) {
+  if (p.use_count() != 1 || p.weak_use_count() != 1) return false;
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return true;
+}
+}  // namespace
+
+at::Tensor cpuAliasPooled(const at::Tensor& t, const at::Tensor* share) {
+  const c10::DeviceIndex device = t.device().index();
+  if (C10_UNLIKELY(!hostKernelsAllowed(device))) refuseHostKernel(device, HostOpName::current());
+  auto& pool = t_alias_pool;
+  for (int n = 0; n < AliasPool::kSize; ++n) {
+    const int i = (pool.next + n) % AliasPool::kSize;
+    auto& slot = pool.tensors[i];
+    if (slot && !soleOwner(slot)) continue;  // a queued kernel, or a view a kernel kept, still holds it
+    pool.next = (i + 1) % AliasPool::kSize;
+    if (!slot) {
+      at::Tensor made = share ? cpuAliasOver(t, share->storage()) : cpuAlias(t);
+      slot = made.getIntrusivePtr();
+      return made;
+    }
+    c10::TensorImpl* impl = slot.get();
+    if (share != nullptr) {
+      impl->set_storage_and_dtype(share->storage(), t.dtype());
+    } else {
+      const auto* npu = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+      const c10::Storage& own = impl->unsafe_storage();
+      if (own.use_count() == 1 && !own.resizable()) {
+        // Only this alias holds its storage (no one kept a view of it): re-pointed too.
+        std::atomic_thread_fence(std::memory_order_acquire);
+        c10::StorageImpl* storage = own.unsafeGetStorageImpl();
+        storage->set_data_ptr_noswap(c10::DataPtr(const_cast<void*>(npu->data()), c10::Device(c10::kCPU)));
+        storage->set_nbytes(npu->nbytes());
+        if (impl->dtype() != t.dtype()) impl->set_storage_and_dtype(own, t.dtype());
+      } else {
+        impl->set_storage_and_dtype(cpuAliasStorage(t), t.dtype());
+      }
+    }
+    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    impl->_set_conj(t.is_conj());
+    impl->_set_neg(t.is_neg());
+    return at::Tensor(slot);
+  }
+  // Every slot is held (kernels queued behind a busy stream): a new alias.
+  return share ? cpuAliasOver(t, share->storage()) : cpuAlias(t);
 }
 
 at::Tensor cpuAlias(const at::Tensor& t, c10::Allocator* resize_allocator) {

@@ -30,6 +30,15 @@ at::Tensor cpuAlias(const at::Tensor& t, c10::Allocator* resize_allocator = null
 c10::Storage cpuAliasStorage(const at::Tensor& t, c10::Allocator* resize_allocator = nullptr);
 at::Tensor cpuAliasOver(const at::Tensor& t, c10::Storage alias_storage);
 
+// cpuAlias for the operands of one op of the structured fast path: the alias's
+// TensorImpl and StorageImpl come from a small pool of this thread's earlier
+// aliases, re-pointed at t, when the pool holds their only reference (a queued
+// kernel that still holds one keeps it). Its result must stay below Python
+// and autograd (a kernel's operand, never returned), as every alias does.
+// `share`: an alias made by this call of an operand of the same npu storage,
+// whose CPU storage this one shares (overlap checks), or null.
+at::Tensor cpuAliasPooled(const at::Tensor& t, const at::Tensor* share);
+
 // Names, for the calling thread's lifetime of this object, the op whose host
 // kernel it prepares: what a refusal by cpuAlias() names. `name` has static
 // storage (an op's name from the dispatcher, a literal).

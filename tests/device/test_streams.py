@@ -328,3 +328,51 @@ def test_sync_debug_mode_error_raises_and_names_the_operation():
         torch.npu.set_sync_debug_mode("loud")
     with pytest.raises(RuntimeError, match="invalid value 3"):
         torch.npu.set_sync_debug_mode(3)
+
+
+# ---- aliases reused across ops -----------------------------------------------------
+
+def test_reused_aliases_never_repoint_one_a_queued_kernel_holds():
+    # The structured fast path re-points the CPU alias objects of earlier ops
+    # only when no one else holds them: here every op is queued behind a slow
+    # kernel, so its aliases are still held, while more ops of other shapes,
+    # dtypes, strides and shared storages come after it.
+    torch.manual_seed(0)
+    big = torch.randn(512, 512, device="npu")
+    cpu_in, npu_out = [], []
+    for i in range(40):
+        dtype = torch.float64 if i % 3 == 0 else torch.float32
+        base = torch.randn(6 + i % 5, 8, dtype=dtype)
+        other = torch.randn(6 + i % 5, 8, dtype=dtype)
+        cpu_in.append((base, other))
+        a, b = base.to("npu"), other.to("npu")
+        if i % 8 == 0:
+            big = big @ big / 512  # a slow kernel: what follows queues behind it
+        if i % 4 == 1:
+            r = a[:, ::2] * b[:, 1::2]          # non-contiguous views
+        elif i % 4 == 2:
+            r = (a[1:] + a[:-1]).exp()          # two operands of one storage
+        elif i % 4 == 3:
+            r = a.clone()
+            r.mul_(b)                           # in place
+        else:
+            r = torch.cat([a, b]).sum(0)
+        npu_out.append(r)
+    for i, ((base, other), r) in enumerate(zip(cpu_in, npu_out)):
+        if i % 4 == 1:
+            want = base[:, ::2] * other[:, 1::2]
+        elif i % 4 == 2:
+            want = (base[1:] + base[:-1]).exp()
+        elif i % 4 == 3:
+            want = base * other
+        else:
+            want = torch.cat([base, other]).sum(0)
+        torch.testing.assert_close(r.cpu(), want)
+
+
+def test_reused_aliases_keep_the_overlap_check_of_one_storage():
+    a = torch.arange(8.0, device="npu")
+    for _ in range(3):  # reused aliases, as fresh ones, share the storage
+        with pytest.raises(RuntimeError, match="unsupported operation|overlap"):
+            a[1:].add_(a[:-1])
+    torch.testing.assert_close(a.cpu(), torch.arange(8.0))

@@ -92,17 +92,19 @@ const c10::DispatchKeySet kNPUKeys(c10::DispatchKey::PrivateUse1);
 // one CPU storage, so ATen's overlap checks (a.add_(a[0])) see what the cpu sees.
 struct Aliases {
   std::size_t bytes = 0;  // the launch's size hint
-  c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 4> storages;
+  // The first alias of each npu storage: later operands of that storage share its CPU storage.
+  c10::SmallVector<std::pair<const c10::StorageImpl*, at::Tensor>, 4> storages;
 
+  // Reused alias objects (cpuAliasPooled): these are a kernel's operands only.
   at::Tensor of(const at::Tensor& t) {
     bytes += bytesOf(t);
     const auto* npu_storage = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-    for (const auto& [npu, cpu] : storages) {
-      if (npu == npu_storage) return cpuAliasOver(t, cpu);
+    for (const auto& [npu, first] : storages) {
+      if (npu == npu_storage) return cpuAliasPooled(t, &first);
     }
-    c10::Storage storage = cpuAliasStorage(t);
-    storages.emplace_back(npu_storage, storage);
-    return cpuAliasOver(t, std::move(storage));
+    at::Tensor alias = cpuAliasPooled(t, nullptr);
+    storages.emplace_back(npu_storage, alias);
+    return alias;
   }
 };
 
