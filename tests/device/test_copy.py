@@ -579,6 +579,8 @@ def busy_side_stream():
     """A long kernel on another stream, running while the copies under test run."""
     side = torch.npu.Stream()
     a = torch.randn(768, 768, device="npu")
+    side.wait_stream(torch.npu.current_stream())  # a's values come from the current stream
+    a.record_stream(side)  # and its block must not be reused before the side stream is done with it
     with torch.npu.stream(side):
         for _ in range(6):
             a = a @ a / 768
