@@ -1,4 +1,5 @@
 #include "parallel_copy.h"
+#include "spin.h"
 
 #include <pthread.h>
 
@@ -31,14 +32,6 @@ constexpr std::size_t kMinBytes = std::size_t(4) << 20;
 constexpr int kMaxThreads = 16;
 // Every kProbe-th copy of a size takes the way that is not the faster one.
 constexpr uint32_t kProbe = 16;
-
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 struct Job {
   char* dst;

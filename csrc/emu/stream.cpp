@@ -8,6 +8,7 @@
 #include "config.h"
 #include "parallel_copy.h"
 #include "protection.h"
+#include "spin.h"
 
 namespace npu::runtime::emu {
 
@@ -27,13 +28,6 @@ std::atomic<uint64_t> g_release_epoch{0};
 std::mutex& g_streams_mutex = *new std::mutex;
 std::vector<EmuStream*>& g_streams = *new std::vector<EmuStream*>;
 
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 }  // namespace
 
 LaunchConfig LaunchConfig::fromEnvironment() {
